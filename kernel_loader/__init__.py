@@ -1,0 +1,59 @@
+"""kernel_loader: fetch, check and load compute kernels by id, and use them as attention backends.
+
+The public names are listed in ``_EXPORTS`` and imported on first use, so ``import kernel_loader``
+stays cheap (it does not import torch or huggingface_hub until a function needs them).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # loader core
+    "get_kernel": "kernel_loader.loader",
+    "get_local_kernel": "kernel_loader.loader",
+    "has_kernel": "kernel_loader.loader",
+    "load_kernel": "kernel_loader.loader",
+    "resolve_kernel": "kernel_loader.loader",
+    "KernelRef": "kernel_loader.refs",
+    "Resolution": "kernel_loader.resolution",
+    "VariantDecision": "kernel_loader.resolution",
+    "Machine": "kernel_loader.machine",
+    "detect_machine": "kernel_loader.machine",
+    # errors
+    "KernelLoaderError": "kernel_loader.errors",
+    "InvalidKernelRefError": "kernel_loader.errors",
+    "KernelNotFoundError": "kernel_loader.errors",
+    "OfflineKernelMissingError": "kernel_loader.errors",
+    "NoCompatibleVariantError": "kernel_loader.errors",
+    "KernelIntegrityError": "kernel_loader.errors",
+    "UntrustedKernelError": "kernel_loader.errors",
+    "MissingDependencyError": "kernel_loader.errors",
+    "KernelImportError": "kernel_loader.errors",
+    "LockfileError": "kernel_loader.errors",
+    "UnusableKernelError": "kernel_loader.errors",
+    # attention registry
+    "AttentionInterface": "kernel_loader.attention",
+    "AttentionMaskInterface": "kernel_loader.attention",
+    "ALL_ATTENTION_FUNCTIONS": "kernel_loader.attention",
+    "ALL_MASK_ATTENTION_FUNCTIONS": "kernel_loader.attention",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'kernel_loader' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
