@@ -56,3 +56,14 @@ class LockfileError(KernelLoaderError):
 
 class UnusableKernelError(KernelLoaderError):
     """A kernel loaded but exports nothing the caller can use (e.g. no attention entry point)."""
+
+
+class UnknownAttentionBackendError(KernelLoaderError, KeyError):
+    """An attention implementation name is neither registered nor a kernel id."""
+
+    def __str__(self) -> str:  # KeyError would otherwise print the message's repr
+        return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedAttentionOptionError(KernelLoaderError, ValueError):
+    """An attention backend was asked for an option or mask it cannot honour (e.g. softcap on sdpa)."""
