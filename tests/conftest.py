@@ -8,3 +8,6 @@ cache or the real Hub.
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The loopback Hub server fixtures (hub_server, hub_env); see tests/hub_server.py.
+pytest_plugins = ["hub_server"]
