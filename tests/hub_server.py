@@ -284,8 +284,11 @@ class HubServer:
         # huggingface_hub keeps pooled keep-alive connections; drop them so the first request
         # after a restart does not land on a dead socket.
         hub = sys.modules.get("huggingface_hub")
-        if hub is not None and hasattr(hub, "close_session"):
-            hub.close_session()
+        if hub is not None:
+            if hasattr(hub, "close_session"):  # huggingface_hub >= 1 (httpx)
+                hub.close_session()
+            elif hasattr(hub.utils, "reset_sessions"):  # huggingface_hub 0.x (requests)
+                hub.utils.reset_sessions()
 
     @contextlib.contextmanager
     def offline(self) -> Iterator[None]:
