@@ -67,3 +67,7 @@ class UnknownAttentionBackendError(KernelLoaderError, KeyError):
 
 class UnsupportedAttentionOptionError(KernelLoaderError, ValueError):
     """An attention backend was asked for an option or mask it cannot honour (e.g. softcap on sdpa)."""
+
+
+class UnsupportedTransformersVersionError(KernelLoaderError, ImportError):
+    """The installed transformers is missing or outside the range the transformers bridge supports."""
