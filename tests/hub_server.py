@@ -35,9 +35,10 @@ Fixtures
 ``hub_env`` (function scope) -> :class:`HubEnv`
     Points the process at the server and at fresh, empty caches, through ``monkeypatch``:
     ``HF_ENDPOINT`` = the server, ``KERNEL_LOADER_CACHE`` = ``hub_env.cache_dir``,
-    ``HF_HOME`` = ``hub_env.hf_home`` (so the HF cache is ``hf_home / "hub"``); unsets
-    ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``HF_HUB_CACHE``, ``HF_TOKEN``, ``LOCAL_KERNELS``
-    and ``KERNEL_LOADER_TRUSTED_ORGS``. It restarts the server if an earlier test left it stopped.
+    ``HF_HOME`` = ``hub_env.hf_home`` (so the HF cache is ``hf_home / "hub"``),
+    ``KERNEL_LOADER_STATE_DIR`` = a temp folder; unsets ``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``,
+    ``HF_HUB_CACHE``, ``HF_TOKEN``, ``LOCAL_KERNELS``, ``KERNEL_LOADER_TRUSTED_ORGS`` and
+    ``KERNEL_LOADER_NO_BUNDLED``. It restarts the server if an earlier test left it stopped.
 
     huggingface_hub reads these variables once, at import; ``hub_env`` therefore also patches
     ``huggingface_hub.constants`` (ENDPOINT, HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE) and the
@@ -542,6 +543,7 @@ def hub_env(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("HF_ENDPOINT", hub_server.endpoint)
     monkeypatch.setenv("KERNEL_LOADER_CACHE", str(cache_dir))
     monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("KERNEL_LOADER_STATE_DIR", str(tmp_path / "kernel-loader-state"))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     for name in (
@@ -550,8 +552,10 @@ def hub_env(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         "HF_HUB_CACHE",
         "HUGGINGFACE_HUB_CACHE",
         "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
         "LOCAL_KERNELS",
         "KERNEL_LOADER_TRUSTED_ORGS",
+        "KERNEL_LOADER_NO_BUNDLED",
     ):
         monkeypatch.delenv(name, raising=False)
 
