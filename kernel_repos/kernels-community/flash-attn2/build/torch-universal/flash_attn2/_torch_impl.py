@@ -108,6 +108,11 @@ def attention_torch(
     if softmax_scale is None:
         softmax_scale = dim ** -0.5
     cdtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if sk == 0 or sq == 0:
+        # No keys: every row sees nothing (out 0, lse +inf); still connect the graph for autograd.
+        out = (q * 0).to(q.dtype) + (k.sum() + v.sum()) * 0
+        lse = torch.full((batch, hq, sq), float("inf"), device=q.device, dtype=torch.float32)
+        return out, lse
     qf = q.to(cdtype).transpose(1, 2)  # [B, Hq, Sq, D]
     group = hq // hk
     kf = k.to(cdtype).transpose(1, 2).repeat_interleave(group, dim=1)

@@ -1,0 +1,148 @@
+"""Backend choice and the autograd glue between the public API and the kernels.
+
+Dispatch: CUDA tensors on sm80+ run the Triton kernels (older GPUs and ROCm fall back to the
+PyTorch path with a one-time warning); CPU tensors run the Triton kernels under
+``TRITON_INTERPRET=1`` (how the CPU test suite exercises them) and the PyTorch path otherwise.
+Triton is imported lazily so the package imports on machines without it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Optional, Tuple
+
+import torch
+
+from . import _torch_impl, _validate
+
+_WARNED = set()
+
+
+def backend_for(t: torch.Tensor) -> str:
+    """"gpu", "interpreter" or "torch": which implementation serves tensors like ``t``."""
+    if t.device.type == "cuda":
+        if getattr(torch.version, "hip", None):
+            _warn_once("rocm", "flash-attn2: the Triton kernels are not tuned/tested on ROCm; using the PyTorch path")
+            return "torch"
+        cap = torch.cuda.get_device_capability(t.device)
+        if cap < (8, 0):
+            _warn_once(
+                cap,
+                f"flash-attn2: GPU capability {cap[0]}.{cap[1]} is below 8.0 (the Triton kernels "
+                "need Ampere or newer); using the slower PyTorch path",
+            )
+            return "torch"
+        return "gpu"
+    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "interpreter"
+    return "torch"
+
+
+def _warn_once(key, msg: str) -> None:
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def draw_seed() -> int:
+    """The dropout seed of one call, drawn from torch's default CPU generator.
+
+    ``torch.manual_seed(s)`` therefore makes dropout reproducible; tests call this after the same
+    ``manual_seed`` to learn the seed a call used and replay its mask.
+    """
+    return int(torch.randint(0, 2**31 - 1, (1,)).item())
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    # The kernels take any batch/token/head strides but assume unit stride along head_dim.
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class _TritonAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts):
+        from ._triton_fwd import attention_forward
+
+        q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+        out, lse = attention_forward(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+            alibi_slopes=alibi_slopes, **opts,
+        )
+        ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        ctx.opts = opts
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        from ._triton_bwd import attention_backward
+
+        q, k, v, out, lse, alibi_slopes, cu_q, cu_k, seqused_k = ctx.saved_tensors
+        dq, dk, dv = attention_backward(
+            dout, q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused_k,
+            alibi_slopes=alibi_slopes, **ctx.opts,
+        )
+        return dq, dk, dv, None, None, None, None, None
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Validate, choose the backend and run; returns ``(out, lse)`` with flash-attn layouts.
+
+    Raises ValueError / NotImplementedError from ``_validate`` for unsupported input.
+    """
+    packed = cu_seqlens_q is not None
+    _validate.check_qkv(q, k, v, packed)
+    if packed:
+        _validate.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], q.device)
+        batch = cu_seqlens_q.numel() - 1
+    else:
+        batch = q.shape[0]
+    _validate.check_options(dropout_p, window_size, softcap, alibi_slopes, batch, q.shape[-2], q.device)
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** -0.5
+    window_size = (int(window_size[0]), int(window_size[1]))
+    seed = draw_seed() if dropout_p > 0.0 else 0
+    backend = backend_for(q)
+    if backend == "torch":
+        return _torch_path(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, softmax_scale, causal,
+                           window_size, float(softcap), alibi_slopes, seed)
+    _validate.check_backend_dtype(q.dtype, backend)
+    if alibi_slopes is not None:
+        alibi_slopes = alibi_slopes.to(torch.float32)
+    if packed:
+        max_seqlen_q = int(max_seqlen_q) if max_seqlen_q is not None else int(cu_seqlens_q.diff().max())
+        max_seqlen_k = int(max_seqlen_k) if max_seqlen_k is not None else int(cu_seqlens_k.diff().max())
+    opts = dict(
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=float(softmax_scale),
+        causal=bool(causal), window_size=window_size, softcap=float(softcap),
+        dropout_p=float(dropout_p), seed=seed,
+    )
+    return _TritonAttention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts)
+
+
+def _torch_path(q, k, v, cu_q, cu_k, dropout_p, scale, causal, window, softcap, alibi, seed):
+    gen = None
+    if dropout_p > 0.0:
+        gen = torch.Generator(device=q.device)
+        gen.manual_seed(seed)
+    common = dict(softmax_scale=scale, causal=causal, window_size=window, softcap=softcap,
+                  alibi_slopes=alibi, dropout_p=dropout_p, generator=gen)
+    if cu_q is not None:
+        return _torch_impl.varlen_attention_torch(q, k, v, cu_q, cu_k, **common)
+    return _torch_impl.attention_torch(q, k, v, **common)

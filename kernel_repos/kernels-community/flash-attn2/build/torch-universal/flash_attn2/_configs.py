@@ -1,0 +1,112 @@
+"""Launch configurations per GPU family, so the first call compiles once and never autotunes.
+
+A config is ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``. Tables are keyed by the padded head
+dimension (32, 64, 128, 256). Families: sm90 (H100/H200), sm80 (A100; also used for sm86/sm89
+with fewer stages since their shared memory is smaller), and the interpreter (CPU test suite:
+small tiles so short test sequences still cross several blocks).
+
+``FLASH_ATTN2_AUTOTUNE=1`` opts in to timing a few candidates on the first call of each shape
+class and keeping the fastest for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List, Optional, Tuple
+
+Config = Tuple[int, int, int, int]
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward kernel.
+_FWD_SM90: Dict[int, Config] = {
+    32: (128, 64, 4, 4),
+    64: (128, 64, 4, 4),
+    128: (128, 64, 8, 3),
+    256: (128, 32, 8, 2),
+}
+_FWD_SM80: Dict[int, Config] = {
+    32: (128, 64, 4, 3),
+    64: (128, 64, 4, 3),
+    128: (128, 64, 8, 3),
+    256: (64, 32, 4, 2),
+}
+_FWD_SM8X: Dict[int, Config] = {  # sm86/sm89: ~100 KB of shared memory per block
+    32: (128, 64, 4, 2),
+    64: (128, 64, 4, 2),
+    128: (64, 64, 4, 2),
+    256: (64, 32, 4, 1),
+}
+# Backward: (BLOCK_M, BLOCK_N, num_warps, num_stages), shared by the dK/dV and dQ kernels.
+_BWD_SM90: Dict[int, Config] = {
+    32: (64, 128, 4, 3),
+    64: (64, 128, 8, 3),
+    128: (64, 128, 8, 2),
+    256: (32, 64, 4, 2),
+}
+_BWD_SM80: Dict[int, Config] = {
+    32: (64, 64, 4, 2),
+    64: (64, 64, 4, 2),
+    128: (64, 64, 4, 2),
+    256: (32, 32, 4, 1),
+}
+_INTERPRETER: Config = (16, 16, 4, 1)
+
+
+def _table(kind: str, capability: Optional[Tuple[int, int]]) -> Dict[int, Config]:
+    major, minor = capability if capability is not None else (0, 0)
+    if kind == "fwd":
+        if major >= 9:
+            return _FWD_SM90
+        if (major, minor) == (8, 0):
+            return _FWD_SM80
+        return _FWD_SM8X
+    if major >= 9:
+        return _BWD_SM90
+    return _BWD_SM80
+
+
+def pick(kind: str, capability: Optional[Tuple[int, int]], block_d: int) -> Config:
+    """The shipped config for ``kind`` ("fwd" or "bwd"); ``capability`` None = interpreter."""
+    if capability is None:
+        return _INTERPRETER
+    return _table(kind, capability)[block_d]
+
+
+def autotune_enabled() -> bool:
+    """True when ``FLASH_ATTN2_AUTOTUNE=1`` asks for timing candidates on first use."""
+    return os.environ.get("FLASH_ATTN2_AUTOTUNE", "0") == "1"
+
+
+def candidates(kind: str, block_d: int) -> List[Config]:
+    """Configs worth timing when autotuning is on (the shipped one first)."""
+    out: List[Config] = []
+    for bm in (64, 128):
+        for bn in (32, 64, 128):
+            if block_d >= 256 and bm * bn > 128 * 64:
+                continue
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    out.append((bm, bn, warps, stages))
+    return out
+
+
+_TUNED: Dict[tuple, Config] = {}
+
+
+def tuned(key: tuple, default: Config, kind: str, block_d: int, time_fn: Callable[[Config], float]) -> Config:
+    """Return the fastest candidate for ``key``, timing them once per process with ``time_fn``.
+
+    ``time_fn`` runs the kernel with a config and returns milliseconds, or raises when the
+    config does not fit (out of shared memory); such configs are skipped.
+    """
+    if key in _TUNED:
+        return _TUNED[key]
+    best, best_ms = default, float("inf")
+    for cfg in [default] + [c for c in candidates(kind, block_d) if c != default]:
+        try:
+            ms = time_fn(cfg)
+        except Exception:  # a config that does not compile or fit is simply not a candidate
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    _TUNED[key] = best
+    return best

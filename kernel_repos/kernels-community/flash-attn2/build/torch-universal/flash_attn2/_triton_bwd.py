@@ -1,0 +1,471 @@
+"""Triton backward kernels: delta preprocess, dK/dV (one program per key block and KV head), dQ.
+
+Entry point::
+
+    attention_backward(do, q, k, v, out, lse, *, <same layout and option arguments as
+                       _triton_fwd.attention_forward>) -> (dq, dk, dv)
+
+The dK/dV program of a KV head walks the query heads of its GQA group itself, so no atomics are
+needed and the result is deterministic. The scores are recomputed in log2 units exactly as the
+forward pass computed them, and dropout redraws the same mask from ``seed``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _configs
+from ._triton_fwd import (
+    LOG2E,
+    _allowed,
+    _dropout_keep,
+    _key_range,
+    _scores,
+    _tanh,
+    device_capability,
+    next_pow2_dim,
+)
+
+
+@triton.jit
+def _delta_kernel(
+    Out, DO, Delta, CuQ,
+    stride_ob, stride_om, stride_oh,
+    stride_dob, stride_dom, stride_doh,
+    stride_lb, stride_lh, stride_lm,
+    seqlen_q_dense, n_heads_q, head_dim,
+    IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads_q
+    h = pid_bh % n_heads_q
+    if IS_VARLEN:
+        q_start = tl.load(CuQ + b)
+        seqlen_q = tl.load(CuQ + b + 1) - q_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_dense
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < head_dim)
+    b64 = b.to(tl.int64)
+    row = (q_start + offs_m).to(tl.int64)
+    o = tl.load(Out + b64 * stride_ob + h * stride_oh + row[:, None] * stride_om + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b64 * stride_dob + h * stride_doh + row[:, None] * stride_dom + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + b64 * stride_lb + h * stride_lh + row * stride_lm, tl.sum(o * do, 1),
+             mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                    stride_qm, stride_dom, stride_lm, offs_n, offs_d,
+                    start, end, seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
+                    qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
+                    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    offs_mb = tl.arange(0, BLOCK_M)
+    for m0 in range(start, end, BLOCK_M):
+        offs_m = m0 + offs_mb
+        q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]
+        do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :]
+        if MASKED:
+            row_ok = offs_m < seqlen_q
+            ld_mask = row_ok[:, None]
+            if not EVEN_D:
+                ld_mask = ld_mask & (offs_d[None, :] < head_dim)
+            q = tl.load(q_ptrs, mask=ld_mask, other=0.0)
+            do = tl.load(do_ptrs, mask=ld_mask, other=0.0)
+            lse2 = tl.load(lse_base + offs_m * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+            delta = tl.load(delta_base + offs_m * stride_lm, mask=row_ok, other=0.0)
+        else:
+            if EVEN_D:
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
+            else:
+                q = tl.load(q_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+                do = tl.load(do_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+            lse2 = tl.load(lse_base + offs_m * stride_lm) * 1.4426950408889634
+            delta = tl.load(delta_base + offs_m * stride_lm)
+        # Work transposed ([keys, queries]) so dK and dV accumulate without transposing them.
+        qkT = tl.dot(k, tl.trans(q))
+        sT = _scores(qkT, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                     HAS_SOFTCAP, HAS_ALIBI, True)
+        if MASKED:
+            okT = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                           HAS_LEFT, HAS_RIGHT, True)
+            sT = tl.where(okT, sT, float("-inf"))
+        pT = tl.exp2(sT - lse2[None, :])
+        dpT = tl.dot(v, tl.trans(do))
+        if HAS_DROPOUT:
+            keepT = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, True)
+            inv_keep = 1.0 / (1.0 - dropout_p)
+            pdT = tl.where(keepT, pT * inv_keep, 0.0)
+            dpT = tl.where(keepT, dpT * inv_keep, 0.0)
+        else:
+            pdT = pT
+        dv = tl.dot(pdT.to(do.dtype), do, dv)
+        dsT = pT * (dpT - delta[None, :])
+        if HAS_SOFTCAP:
+            t = _tanh(qkT * softcap_scale)
+            dsT = dsT * (1.0 - t * t)
+        dk = tl.dot(dsT.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV, CuQ, CuK, SeqUsedK, Alibi,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dkb, stride_dkn, stride_dkh,
+    stride_dvb, stride_dvn, stride_dvh,
+    stride_lb, stride_lh, stride_lm,
+    stride_ab, stride_ah,
+    seqlen_q_dense, seqlen_k_dense, n_heads_q, n_heads_k, group, head_dim,
+    qk_scale, softcap_scale, softcap, sm_scale, window_left, window_right,
+    dropout_p, seed, rng_sq, rng_sk,
+    IS_VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads_k
+    hk = pid_bh % n_heads_k
+    if IS_VARLEN:
+        q_start = tl.load(CuQ + b)
+        seqlen_q = tl.load(CuQ + b + 1) - q_start
+        k_start = tl.load(CuK + b)
+        seqlen_k = tl.load(CuK + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_dense
+        k_start = 0
+        seqlen_k = seqlen_k_dense
+    if HAS_SEQUSED:
+        seqlen_k = tl.load(SeqUsedK + b)
+    n0 = pid_n * BLOCK_N
+    if n0 >= seqlen_k:
+        return
+    diag = seqlen_k - seqlen_q
+    b64 = b.to(tl.int64)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = offs_n[:, None] < seqlen_k
+    if not EVEN_D:
+        kv_mask = kv_mask & (offs_d[None, :] < head_dim)
+    krow = (k_start + offs_n).to(tl.int64)
+    k = tl.load(K + b64 * stride_kb + hk * stride_kh + krow[:, None] * stride_kn + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b64 * stride_vb + hk * stride_vh + krow[:, None] * stride_vn + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # Query rows that can see keys [n0, n0+BLOCK_N), and the rows where no mask is needed.
+    lo = 0
+    hi = seqlen_q
+    flo = 0
+    fhi = (seqlen_q // BLOCK_M) * BLOCK_M
+    if HAS_RIGHT:
+        lo = tl.maximum(n0 - diag - window_right, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+        flo = tl.maximum(n0 + BLOCK_N - 1 - diag - window_right, 0)
+        flo = ((flo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    if HAS_LEFT:
+        hi = tl.minimum(n0 + BLOCK_N - diag + window_left, seqlen_q)
+        fhi = tl.minimum(n0 - diag + window_left + 1, seqlen_q)
+        fhi = (tl.maximum(fhi, 0) // BLOCK_M) * BLOCK_M
+    if n0 + BLOCK_N > seqlen_k:
+        fhi = flo  # the last key block is partial: every query block needs the key-end mask
+    hi = tl.maximum(hi, lo)
+    flo = tl.minimum(tl.maximum(flo, lo), hi)
+    fhi = tl.maximum(tl.minimum(fhi, hi), flo)
+
+    for g in range(0, group):
+        h = hk * group + g
+        slope2 = 0.0
+        if HAS_ALIBI:
+            slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
+        rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
+        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
+        do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
+        lse_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
+        delta_base = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, lo, flo,
+                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
+                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
+                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, flo, fhi,
+                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
+                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
+                                 dropout_p, False, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, fhi, hi,
+                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
+                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
+                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M)
+
+    dk = dk * sm_scale
+    dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + hk * stride_dvh + krow[:, None] * stride_dvn + offs_d[None, :]
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+                  start, end, seqlen_k, head_dim, diag, window_left, window_right,
+                  qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
+                  MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    offs_nb = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + offs_nb
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        if MASKED:
+            kv_mask = offs_n[:, None] < seqlen_k
+            if not EVEN_D:
+                kv_mask = kv_mask & (offs_d[None, :] < head_dim)
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                    HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                          HAS_LEFT, HAS_RIGHT)
+            s = tl.where(ok, s, float("-inf"))
+        p = tl.exp2(s - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v))
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            t = _tanh(qk * softcap_scale)
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(k.dtype), k, dq)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, Lse, Delta, DQ, CuQ, CuK, SeqUsedK, Alibi,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_dob, stride_dom, stride_doh,
+    stride_dqb, stride_dqm, stride_dqh,
+    stride_lb, stride_lh, stride_lm,
+    stride_ab, stride_ah,
+    seqlen_q_dense, seqlen_k_dense, n_heads_q, group, head_dim,
+    qk_scale, softcap_scale, softcap, sm_scale, window_left, window_right,
+    dropout_p, seed, rng_sq, rng_sk,
+    IS_VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+    REVERSE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    if REVERSE:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads_q
+    h = pid_bh % n_heads_q
+    hk = h // group
+    if IS_VARLEN:
+        q_start = tl.load(CuQ + b)
+        seqlen_q = tl.load(CuQ + b + 1) - q_start
+        k_start = tl.load(CuK + b)
+        seqlen_k = tl.load(CuK + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_dense
+        k_start = 0
+        seqlen_k = seqlen_k_dense
+    if HAS_SEQUSED:
+        seqlen_k = tl.load(SeqUsedK + b)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    diag = seqlen_k - seqlen_q
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seqlen_q
+    ld_mask = row_ok[:, None]
+    if not EVEN_D:
+        ld_mask = ld_mask & (offs_d[None, :] < head_dim)
+    qrow = (q_start + offs_m).to(tl.int64)
+    q = tl.load(Q + b64 * stride_qb + h64 * stride_qh + qrow[:, None] * stride_qm + offs_d[None, :],
+                mask=ld_mask, other=0.0)
+    do = tl.load(DO + b64 * stride_dob + h64 * stride_doh + qrow[:, None] * stride_dom + offs_d[None, :],
+                 mask=ld_mask, other=0.0)
+    lrow = b64 * stride_lb + h64 * stride_lh + qrow * stride_lm
+    lse2 = tl.load(Lse + lrow, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(Delta + lrow, mask=row_ok, other=0.0)
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
+    rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, hi, flo, fhi = _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
+                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m,
+                       offs_d, lo, flo, seqlen_k, head_dim, diag, window_left, window_right,
+                       qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
+                       True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                       BLOCK_N)
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m,
+                       offs_d, flo, fhi, seqlen_k, head_dim, diag, window_left, window_right,
+                       qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
+                       False, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                       BLOCK_N)
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m,
+                       offs_d, fhi, hi, seqlen_k, head_dim, diag, window_left, window_right,
+                       qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
+                       True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                       BLOCK_N)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + qrow[:, None] * stride_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=ld_mask)
+
+
+def _strides3(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
+    """(batch, token, head) strides; packed tensors have no batch stride."""
+    if varlen:
+        return (0, t.stride(0), t.stride(1))
+    return (t.stride(0), t.stride(1), t.stride(2))
+
+
+def attention_backward(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: int = 0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of q, k, v (same layouts as the inputs, contiguous) given dO."""
+    varlen = cu_seqlens_q is not None
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        hq, hk = q.shape[1], k.shape[1]
+        sq_max, sk_max = int(max_seqlen_q), int(max_seqlen_k)
+        l3 = (0, lse.stride(0), lse.stride(1))
+    else:
+        batch, sq_max, hq, _ = q.shape
+        sk_max, hk = k.shape[1], k.shape[2]
+        l3 = (lse.stride(0), lse.stride(1), lse.stride(2))
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if batch == 0 or q.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if k.shape[0 if varlen else 1] == 0:
+        return dq.zero_(), dk, dv
+    delta = torch.empty_like(lse)
+    left, right = window_size
+    if causal:
+        right = 0
+    if alibi_slopes is not None:
+        a2 = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 else (0, alibi_slopes.stride(0))
+    else:
+        a2 = (0, 0)
+    block_d = next_pow2_dim(head_dim)
+    cap = device_capability(q)
+    bm, bn, warps, stages = _configs.pick("bwd", cap, block_d)
+    dummy = lse
+    cuq = cu_seqlens_q if varlen else dummy
+    cuk = cu_seqlens_k if varlen else dummy
+    used = seqused_k if seqused_k is not None else dummy
+    alibi = alibi_slopes if alibi_slopes is not None else dummy
+    common = dict(
+        IS_VARLEN=varlen, HAS_SEQUSED=seqused_k is not None,
+        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=softcap > 0,
+        HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=dropout_p > 0.0,
+        EVEN_D=block_d == head_dim, BLOCK_D=block_d,
+    )
+    scalars = (softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
+               float(softcap), float(softmax_scale), left, right, float(dropout_p), int(seed),
+               sq_max, sk_max)
+
+    pre_m = 64 if cap is not None else 16
+    _delta_kernel[(triton.cdiv(sq_max, pre_m), batch * hq)](
+        out, do, delta, cuq, *_strides3(out, varlen), *_strides3(do, varlen), *l3,
+        sq_max, hq, head_dim, IS_VARLEN=varlen, BLOCK_M=pre_m, BLOCK_D=block_d,
+    )
+
+    def launch(cfg):
+        bm_, bn_, w_, s_ = cfg
+        _bwd_dkdv_kernel[(triton.cdiv(sk_max, bn_), batch * hk)](
+            q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi,
+            *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+            *_strides3(do, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
+            sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars,
+            BLOCK_M=bm_, BLOCK_N=bn_, num_warps=w_, num_stages=s_, **common,
+        )
+        # dQ wants many query rows per program and fewer keys per step (the transpose of dK/dV).
+        _bwd_dq_kernel[(triton.cdiv(sq_max, bn_), batch * hq)](
+            q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi,
+            *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
+            *_strides3(do, varlen), *_strides3(dq, varlen), *l3, *a2,
+            sq_max, sk_max, hq, hq // hk, head_dim, *scalars,
+            REVERSE=right >= 0, BLOCK_M=bn_, BLOCK_N=bm_, num_warps=w_, num_stages=s_, **common,
+        )
+
+    cfg = (bm, bn, warps, stages)
+    if cap is not None and _configs.autotune_enabled():
+        key = ("bwd", cap, block_d, q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
+        cfg = _configs.tuned(key, cfg, "bwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c)))
+    launch(cfg)
+    return dq, dk, dv
