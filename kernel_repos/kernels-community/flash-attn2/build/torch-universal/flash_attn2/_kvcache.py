@@ -1,0 +1,399 @@
+"""``flash_attn_with_kvcache``: attention of new query tokens over a (paged) KV cache.
+
+The steps, in flash-attn 2's order: rotate the new q/k (when rotary tables are given), write the
+new k/v into the cache in place at ``cache_seqlens[b]`` (through ``block_table`` when paged),
+then attend over ``cache_seqlens + S_new`` keys. The attention runs in the split-K Triton kernel
+of ``_triton_decode`` on CUDA (sm80+) and under ``TRITON_INTERPRET=1``; otherwise the cache is
+gathered into dense tensors and handed to the PyTorch path in ``_torch_impl``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Optional, Tuple, Union
+
+import torch
+
+from ._torch_impl import attention_torch
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_HEAD_DIM = 256
+_warned_old_gpu = False
+
+
+def _use_triton(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the Triton kernel serves this call (see the module docstring for the rules)."""
+    global _warned_old_gpu
+    if device.type == "cuda":
+        if torch.cuda.get_device_capability(device) >= (8, 0):
+            return True
+        if not _warned_old_gpu:
+            _warned_old_gpu = True
+            warnings.warn(
+                "flash_attn_with_kvcache: the Triton kernels need a GPU of compute capability "
+                "8.0 or newer; this one is older, so the (slow) PyTorch path is used.",
+                stacklevel=3,
+            )
+        return False
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        if dtype == torch.bfloat16:
+            raise NotImplementedError(
+                "flash_attn_with_kvcache: bfloat16 is not supported under TRITON_INTERPRET=1 "
+                "(Triton's interpreter has no bf16 matrix product). Use float16/float32 there, "
+                "or unset TRITON_INTERPRET to run the PyTorch path."
+            )
+        return True
+    return False
+
+
+def _check_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor],
+    v: Optional[torch.Tensor],
+    block_table: Optional[torch.Tensor],
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_leftpad: Optional[torch.Tensor],
+    alibi_slopes: Optional[torch.Tensor],
+    window_size: Tuple[int, int],
+    softcap: float,
+    num_splits: int,
+) -> None:
+    if q.dim() != 4 or k_cache.dim() != 4:
+        raise ValueError(
+            f"flash_attn_with_kvcache: q must be [batch, seqlen_q, heads, head_dim] and the caches "
+            f"[batch_cache, seqlen_cache, kv_heads, head_dim] (or [num_blocks, page_size, kv_heads, "
+            f"head_dim] with block_table); got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}"
+        )
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"flash_attn_with_kvcache: k_cache {tuple(k_cache.shape)} and v_cache "
+            f"{tuple(v_cache.shape)} must have the same shape"
+        )
+    batch, _, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != dim:
+        raise ValueError(
+            f"flash_attn_with_kvcache: head_dim of q ({dim}) and k_cache ({k_cache.shape[3]}) differ"
+        )
+    if dim > _MAX_HEAD_DIM or dim < 1:
+        raise ValueError(
+            f"flash_attn_with_kvcache: head_dim {dim} is outside the supported 1..{_MAX_HEAD_DIM}"
+        )
+    if heads % kv_heads != 0:
+        raise ValueError(
+            f"flash_attn_with_kvcache: query heads ({heads}) must be a multiple of key/value heads "
+            f"({kv_heads})"
+        )
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if t is None:
+            continue
+        if t.dtype not in _DTYPES:
+            raise ValueError(
+                f"flash_attn_with_kvcache: {name} has dtype {t.dtype}; supported: float16, "
+                f"bfloat16, float32"
+            )
+        if t.dtype != q.dtype:
+            raise ValueError(
+                f"flash_attn_with_kvcache: {name} is {t.dtype} but q is {q.dtype}; pass one dtype"
+            )
+        if t.device != q.device:
+            raise ValueError(
+                f"flash_attn_with_kvcache: {name} is on {t.device} but q is on {q.device}"
+            )
+    if (k is None) != (v is None):
+        raise ValueError("flash_attn_with_kvcache: pass both k and v to append, or neither")
+    if k is not None:
+        if k.dim() != 4 or k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] \
+                or v.shape != k.shape:
+            raise ValueError(
+                f"flash_attn_with_kvcache: new k/v must be [batch={batch}, seqlen_new, "
+                f"kv_heads={kv_heads}, head_dim={dim}]; got k {tuple(k.shape)}, v {tuple(v.shape)}"
+            )
+    if block_table is not None:
+        if block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(
+                f"flash_attn_with_kvcache: block_table must be [batch={batch}, max_blocks]; got "
+                f"{tuple(block_table.shape)}"
+            )
+        if block_table.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"flash_attn_with_kvcache: block_table must be int32; got {block_table.dtype}"
+            )
+        if cache_batch_idx is not None:
+            raise ValueError(
+                "flash_attn_with_kvcache: cache_batch_idx cannot be combined with block_table; "
+                "the block table already says which pages belong to each row"
+            )
+    elif cache_batch_idx is None and k_cache.shape[0] < batch:
+        raise ValueError(
+            f"flash_attn_with_kvcache: k_cache holds {k_cache.shape[0]} rows but q has batch "
+            f"{batch}; pass cache_batch_idx to pick rows"
+        )
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None and (t.shape != (batch,) or t.dtype not in (torch.int32, torch.int64)):
+            raise ValueError(
+                f"flash_attn_with_kvcache: {name} must be an int32 tensor of shape [{batch}]; got "
+                f"{t.dtype} {tuple(t.shape)}"
+            )
+    if alibi_slopes is not None and alibi_slopes.shape not in ((heads,), (batch, heads)):
+        raise ValueError(
+            f"flash_attn_with_kvcache: alibi_slopes must be [{heads}] or [{batch}, {heads}]; got "
+            f"{tuple(alibi_slopes.shape)}"
+        )
+    if len(window_size) != 2:
+        raise ValueError(
+            f"flash_attn_with_kvcache: window_size must be (left, right); got {window_size!r}"
+        )
+    if softcap < 0:
+        raise ValueError(f"flash_attn_with_kvcache: softcap must be >= 0; got {softcap}")
+    if num_splits < 0:
+        raise ValueError(f"flash_attn_with_kvcache: num_splits must be >= 0; got {num_splits}")
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of the first ``2 * cos.shape[-1]`` dims of ``x`` [B, S, H, D].
+
+    ``cos``/``sin`` are per position ``[B, S, rotary_dim / 2]``; computed in float32 and cast
+    back, as flash-attn does before it stores rotated keys.
+    """
+    rot = 2 * cos.shape[-1]
+    xf = x[..., :rot].float()
+    c = cos.float().unsqueeze(2)
+    s = sin.float().unsqueeze(2)
+    if interleaved:
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        r1 = x1 * c - x2 * s
+        r2 = x1 * s + x2 * c
+        rotated = torch.stack((r1, r2), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xf[..., : rot // 2], xf[..., rot // 2:]
+        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., rot:]), dim=-1)
+
+
+def _cache_slots(
+    positions: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    page_size: int,
+    rows: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(index into dim 0, index into dim 1) of the cache for ``positions`` [B, S] of each row."""
+    if block_table is None:
+        return rows.view(-1, 1).expand_as(positions), positions
+    pages = torch.gather(block_table.long(), 1, positions // page_size)
+    return pages, positions % page_size
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Attention of ``q`` over a KV cache, appending new keys/values first (flash-attn 2 API).
+
+    Args:
+        q: ``[B, Sq, Hq, D]``.
+        k_cache, v_cache: ``[B_cache, S_cache, Hk, D]``, or with ``block_table`` a paged cache
+            ``[num_blocks, page_size, Hk, D]``. Updated in place when ``k``/``v`` are given.
+        k, v: optional new keys/values ``[B, S_new, Hk, D]``, written at positions
+            ``cache_seqlens[b] ..`` of row b (through ``block_table`` when paged).
+        rotary_cos, rotary_sin: optional ``[seqlen_ro, rotary_dim / 2]`` tables; only with
+            ``k``/``v``. New keys are rotated at positions ``cache_seqlens[b] + t``; queries at
+            ``cache_seqlens[b] + i`` when causal or windowed, else all at ``cache_seqlens[b]``.
+        cache_seqlens: int or int32 ``[B]``: keys already in each row's cache (default: the
+            whole cache). Attention covers ``cache_seqlens + S_new`` keys.
+        cache_batch_idx: optional int32 ``[B]``: which row of a contiguous cache each batch
+            entry uses (default ``arange(B)``).
+        cache_leftpad: optional int32 ``[B]``: first valid cache position of each row; keys
+            before it are ignored and positions (causal, window, alibi) count from it.
+        block_table: optional int32 ``[B, max_blocks]``: the pages of each row, in order.
+        softmax_scale: default ``1 / sqrt(D)``.
+        causal: bottom-right aligned mask (query i sees keys up to ``i + L - Sq``).
+        window_size: ``(left, right)`` local attention, -1 = unbounded.
+        softcap: ``softcap * tanh(scores / softcap)`` when > 0.
+        rotary_interleaved: rotate pairs (0, 1), (2, 3), ... (True) or the two halves (False).
+        alibi_slopes: float32 ``[Hq]`` or ``[B, Hq]``; adds ``-slope * |i + L - Sq - j|``.
+        num_splits: key slices per row in the split-K kernel; 0 chooses from the GPU size.
+        return_softmax_lse: also return the log-sum-exp ``[B, Hq, Sq]`` float32.
+
+    Returns:
+        ``out`` ``[B, Sq, Hq, D]`` in q's dtype, or ``(out, softmax_lse)``. A query row that sees
+        no key gets out 0 and LSE +inf.
+
+    Raises:
+        ValueError: shapes, dtypes or devices that do not fit together, a cache too small for the
+            appended keys (checked on CPU tensors), rotary tables without new k/v.
+        NotImplementedError: bfloat16 under ``TRITON_INTERPRET=1``.
+    """
+    if isinstance(window_size, list):
+        window_size = tuple(window_size)
+    _check_args(q, k_cache, v_cache, k, v, block_table, cache_batch_idx, cache_leftpad,
+                alibi_slopes, window_size, softcap, num_splits)
+    batch, seqlen_q, heads, dim = q.shape
+    device = q.device
+    paged = block_table is not None
+    page_size = k_cache.shape[1]
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
+    seqlen_new = k.shape[1] if k is not None else 0
+    if softmax_scale is None:
+        softmax_scale = dim ** -0.5
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError(
+                "flash_attn_with_kvcache: appending k/v needs cache_seqlens (where each row's new "
+                "keys go)"
+            )
+        lens: Optional[torch.Tensor] = None
+        uniform_len = capacity
+    elif isinstance(cache_seqlens, int):
+        lens = None
+        uniform_len = cache_seqlens
+    else:
+        if cache_seqlens.shape != (batch,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(
+                f"flash_attn_with_kvcache: cache_seqlens must be an int or an int32 tensor of shape "
+                f"[{batch}]; got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+            )
+        lens = cache_seqlens.to(device=device, dtype=torch.int32)
+        uniform_len = 0
+
+    if rotary_cos is not None or rotary_sin is not None:
+        if rotary_cos is None or rotary_sin is None or k is None:
+            raise ValueError(
+                "flash_attn_with_kvcache: rotary needs rotary_cos, rotary_sin and new k/v to rotate"
+            )
+        if rotary_cos.shape != rotary_sin.shape or rotary_cos.dim() != 2 \
+                or 2 * rotary_cos.shape[1] > dim:
+            raise ValueError(
+                f"flash_attn_with_kvcache: rotary_cos/sin must both be [seqlen_ro, rotary_dim/2] "
+                f"with rotary_dim <= head_dim ({dim}); got {tuple(rotary_cos.shape)} and "
+                f"{tuple(rotary_sin.shape)}"
+            )
+        base = lens.long() if lens is not None else torch.full((batch,), uniform_len,
+                                                               device=device, dtype=torch.long)
+        k_pos = base.view(-1, 1) + torch.arange(seqlen_new, device=device).view(1, -1)
+        if causal or left >= 0 or right >= 0:
+            q_pos = base.view(-1, 1) + torch.arange(seqlen_q, device=device).view(1, -1)
+        else:
+            q_pos = base.view(-1, 1).expand(batch, seqlen_q)
+        if device.type == "cpu" and batch > 0:
+            needed = max(int(k_pos.max()) if seqlen_new else 0,
+                         int(q_pos.max()) if seqlen_q else 0)
+            if needed >= rotary_cos.shape[0]:
+                raise ValueError(
+                    f"flash_attn_with_kvcache: rotary tables have {rotary_cos.shape[0]} positions "
+                    f"but position {needed} is needed"
+                )
+        q = _rotate(q, rotary_cos[q_pos], rotary_sin[q_pos], rotary_interleaved)
+        k = _rotate(k, rotary_cos[k_pos], rotary_sin[k_pos], rotary_interleaved)
+
+    rows = (cache_batch_idx.long() if cache_batch_idx is not None
+            else torch.arange(batch, device=device))
+    if k is not None and seqlen_new > 0:
+        start = lens.long() if lens is not None else torch.full((batch,), uniform_len,
+                                                                device=device, dtype=torch.long)
+        positions = start.view(-1, 1) + torch.arange(seqlen_new, device=device).view(1, -1)
+        # A device-side check would cost a sync per decode step; on the GPU an out-of-range
+        # slot trips an indexing assert instead.
+        if device.type == "cpu" and int(positions.max()) >= capacity:
+            raise ValueError(
+                f"flash_attn_with_kvcache: appending {seqlen_new} keys at cache_seqlens up to "
+                f"{int(start.max())} overflows the cache ({capacity} slots per row)"
+            )
+        dim0, dim1 = _cache_slots(positions, block_table, page_size, rows)
+        k_cache[dim0, dim1] = k
+        v_cache[dim0, dim1] = v
+
+    if lens is not None:
+        total_lens: Optional[torch.Tensor] = lens + seqlen_new
+    else:
+        total_lens = None
+    total_uniform = uniform_len + seqlen_new
+    leftpad = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
+    slopes = alibi_slopes.to(torch.float32) if alibi_slopes is not None else None
+
+    if _use_triton(device, q.dtype):
+        from ._triton_decode import decode_attention
+
+        out, lse = decode_attention(
+            q, k_cache, v_cache,
+            total_lens=total_lens, total_len_uniform=total_uniform, capacity=capacity,
+            block_table=block_table if paged else None,
+            batch_idx=cache_batch_idx if cache_batch_idx is not None else None,
+            leftpad=leftpad, alibi_slopes=slopes, softmax_scale=float(softmax_scale),
+            window_left=left, window_right=right, softcap=float(softcap), num_splits=num_splits,
+        )
+    else:
+        out, lse = _attention_gathered(
+            q, k_cache, v_cache, total_lens, total_uniform, capacity, block_table, page_size,
+            rows, leftpad, slopes, float(softmax_scale), causal, (left, right), float(softcap),
+        )
+    return (out, lse) if return_softmax_lse else out
+
+
+def _attention_gathered(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    total_lens: Optional[torch.Tensor],
+    total_uniform: int,
+    capacity: int,
+    block_table: Optional[torch.Tensor],
+    page_size: int,
+    rows: torch.Tensor,
+    leftpad: Optional[torch.Tensor],
+    slopes: Optional[torch.Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_size: Tuple[int, int],
+    softcap: float,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The PyTorch path: gather each row's valid keys to the front of a dense tensor."""
+    batch = q.shape[0]
+    device = q.device
+    total = (total_lens.long() if total_lens is not None
+             else torch.full((batch,), total_uniform, device=device, dtype=torch.long))
+    pad = leftpad.long() if leftpad is not None else torch.zeros_like(total)
+    valid = (total - pad).clamp(min=0)
+    width = int(valid.max()) if batch > 0 else 0
+    if width == 0 or capacity == 0:
+        out = torch.zeros_like(q)
+        lse = torch.full((batch, q.shape[2], q.shape[1]), float("inf"), device=device)
+        return out, lse
+    positions = pad.view(-1, 1) + torch.arange(width, device=device).view(1, -1)
+    # Slots past a row's length are masked by seqlens_k; clamping only keeps the gather in range.
+    positions = positions.clamp(max=max(capacity - 1, 0))
+    dim0, dim1 = _cache_slots(positions, block_table, page_size, rows)
+    # Slots past a row's end may hold anything (torch.empty caches hold NaN at times), and NaN
+    # times a zero probability is still NaN: zero them before the matmuls.
+    outside = (torch.arange(width, device=device).view(1, -1) >= valid.view(-1, 1))
+    outside = outside.view(batch, width, 1, 1)
+    keys = k_cache[dim0, dim1].masked_fill(outside, 0)
+    values = v_cache[dim0, dim1].masked_fill(outside, 0)
+    return attention_torch(
+        q, keys, values, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        softcap=softcap, alibi_slopes=slopes, seqlens_k=valid.to(torch.int32),
+    )

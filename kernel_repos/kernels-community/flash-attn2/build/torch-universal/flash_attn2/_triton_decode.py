@@ -1,0 +1,338 @@
+"""Split-K ("flash decoding") Triton kernels for attention over a KV cache.
+
+Decode steps have one (or a few) query tokens per sequence, so the work is reading K and V once
+at memory speed. One program handles every query head of one KV head (GQA/MQA read K/V once
+for the whole group) over one slice of the keys; several slices ("splits") per row keep all
+SMs busy when batch x kv_heads alone would not, and a second kernel merges the slices through
+their log-sum-exp. Larger query chunks are tiled over q (grid axis 1), so the same kernel also
+serves speculative / chunked-prefill steps.
+
+Entry point: ``decode_attention(...)`` below; the argument checking and the writing of new keys
+into the cache happen in ``_kvcache.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _split_kernel(
+    Q, K, V, BLOCK_TABLE, TOTAL_LENS, BATCH_IDX, LEFTPAD, ALIBI,
+    O, LSE,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_btb,
+    stride_alb,
+    stride_os, stride_ob, stride_oh, stride_oq, stride_od,
+    stride_ls, stride_lb, stride_lh, stride_lq,
+    seqlen_q, num_kv_heads, head_dim, total_len_uniform,
+    scale_log2, softcap, window_left, window_right,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    HAS_LENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr,
+    FINAL: tl.constexpr,
+):
+    pid_split = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    b = pid_bh // num_kv_heads
+    hk = pid_bh % num_kv_heads
+
+    # Row r of the tile is (query token r // GROUP, head r % GROUP of this kv head's group), so a
+    # tile covers consecutive query tokens and causal bounds stay tight when tiling over q.
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_idx = offs_m // GROUP
+    head = hk * GROUP + offs_m % GROUP
+    row_ok = q_idx < seqlen_q
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+
+    if HAS_LENS:
+        total = tl.load(TOTAL_LENS + b)
+    else:
+        total = total_len_uniform
+    if HAS_LEFTPAD:
+        pad = tl.load(LEFTPAD + b)
+    else:
+        pad = 0
+    # Keys are numbered relative to the left pad; causal/window/alibi positions use these
+    # numbers, aligned so that the last query token sits on the last key (bottom-right).
+    kv_len = total - pad
+    shift = kv_len - seqlen_q
+
+    first_q = pid_m * BLOCK_M // GROUP
+    last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, seqlen_q - 1)
+    hi = kv_len
+    if HAS_WINDOW_RIGHT:
+        hi = tl.minimum(hi, last_q + shift + window_right + 1)
+    lo = 0
+    if HAS_WINDOW_LEFT:
+        lo = tl.maximum(lo, first_q + shift - window_left)
+    n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0)
+    blocks_per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+    start = lo + pid_split * blocks_per_split * BLOCK_N
+    end = tl.minimum(hi, start + blocks_per_split * BLOCK_N)
+
+    q_ptrs = (Q + b * stride_qb + q_idx[:, None] * stride_qs + head[:, None] * stride_qh
+              + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    if HAS_BATCH_IDX:
+        cache_b = tl.load(BATCH_IDX + b).to(tl.int64)
+    else:
+        cache_b = b.to(tl.int64)
+    if HAS_ALIBI:
+        slope = tl.load(ALIBI + b * stride_alb + head, mask=row_ok, other=0.0).to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        pos = offs_n + pad
+        if PAGE_SIZE > 0:
+            page = tl.load(BLOCK_TABLE + b * stride_btb + pos // PAGE_SIZE, mask=n_ok, other=0)
+            k_row = page.to(tl.int64) * stride_kb + (pos % PAGE_SIZE) * stride_ks
+            v_row = page.to(tl.int64) * stride_vb + (pos % PAGE_SIZE) * stride_vs
+        else:
+            k_row = cache_b * stride_kb + pos.to(tl.int64) * stride_ks
+            v_row = cache_b * stride_vb + pos.to(tl.int64) * stride_vs
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :] * stride_kd,
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        if HAS_SOFTCAP:
+            # tanh through exp: portable to the interpreter and every Triton version we ship for
+            t = s * (scale_log2 / (softcap * 1.4426950408889634))
+            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * 1.4426950408889634
+        else:
+            s = s * scale_log2
+        rel = q_idx[:, None] + shift - offs_n[None, :]
+        if HAS_ALIBI:
+            s = s - (slope[:, None] * tl.abs(rel).to(tl.float32)) * 1.4426950408889634
+        keep = n_ok[None, :]
+        if HAS_WINDOW_RIGHT:
+            keep = keep & (rel >= -window_right)
+        if HAS_WINDOW_LEFT:
+            keep = keep & (rel <= window_left)
+        s = tl.where(keep, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + hk * stride_vh + v_row[:, None] + offs_d[None, :] * stride_vd,
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = (m_i + tl.log2(l_safe)) * 0.6931471805599453
+    if FINAL:
+        # flash-attn's convention for a row that sees no key: output 0, LSE +inf.
+        lse = tl.where(has_keys, lse, float("inf"))
+    else:
+        lse = tl.where(has_keys, lse, float("-inf"))
+    o_ptrs = (O + pid_split * stride_os + b * stride_ob + head[:, None] * stride_oh
+              + q_idx[:, None] * stride_oq + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    l_ptrs = LSE + pid_split * stride_ls + b * stride_lb + head * stride_lh + q_idx * stride_lq
+    tl.store(l_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(
+    O_PART, LSE_PART, O, LSE,
+    stride_ps, stride_pb, stride_ph, stride_pq, stride_pd,
+    stride_qs, stride_qb, stride_qh, stride_qq,
+    stride_ob, stride_oq, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_lq,
+    num_heads, seqlen_q, head_dim,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    i = pid % seqlen_q
+    h = (pid // seqlen_q) % num_heads
+    b = pid // (seqlen_q * num_heads)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < head_dim
+    lse = tl.load(LSE_PART + offs_s * stride_qs + b * stride_qb + h * stride_qh + i * stride_qq,
+                  mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m_safe)
+    total = tl.sum(w, 0)
+    parts = tl.load(O_PART + offs_s[:, None] * stride_ps + b * stride_pb + h * stride_ph
+                    + i * stride_pq + offs_d[None, :] * stride_pd,
+                    mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    out = tl.sum(parts * w[:, None], 0) / total_safe
+    out_lse = tl.where(total > 0.0, m_safe + tl.log(total_safe), float("inf"))
+    tl.store(O + b * stride_ob + i * stride_oq + h * stride_oh + offs_d * stride_od,
+             out.to(O.dtype.element_ty), mask=d_ok)
+    tl.store(LSE + b * stride_lb + h * stride_lh + i * stride_lq, out_lse)
+
+
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every buffer the kernels write; one place so tests can poison them."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    # Under the interpreter: a small pretend GPU, so the CPU tests exercise several splits.
+    return 4
+
+
+def choose_num_splits(programs: int, capacity: int, device: torch.device,
+                      block_n: int) -> int:
+    """How many key slices per row: enough programs for a few per SM, never slices under ~2 blocks.
+
+    Chosen from the cache capacity rather than the actual lengths, so no host sync is needed;
+    slices past a row's length end at once.
+    """
+    target = 3 * _num_sms(device)
+    if programs >= target:
+        return 1
+    by_fill = math.ceil(target / max(programs, 1))
+    by_length = max(1, capacity // (2 * block_n))
+    return max(1, min(by_fill, by_length, 64))
+
+
+def _config(head_dim: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for this head dim and device."""
+    if device.type != "cuda":
+        return 16, 1, 1
+    if head_dim <= 64:
+        return 128, 4, 3
+    if head_dim <= 128:
+        return 64, 4, 3
+    return 32, 4, 2
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    total_lens: torch.Tensor | None,
+    total_len_uniform: int,
+    capacity: int,
+    block_table: torch.Tensor | None,
+    batch_idx: torch.Tensor | None,
+    leftpad: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int = 0,
+    block_m: int | None = None,
+    config: tuple[int, int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` over a (possibly paged) KV cache whose new keys are already written.
+
+    q is ``[B, Sq, Hq, D]``; the caches are ``[B_cache, S, Hk, D]`` or, with ``block_table``
+    (``[B, max_blocks]`` int32), ``[num_blocks, page_size, Hk, D]``. Row b attends to keys
+    ``leftpad[b] .. total_lens[b]-1`` (or ``total_len_uniform`` when ``total_lens`` is None).
+    ``window_right`` / ``window_left`` are -1 for unbounded; causal is ``window_right=0``.
+    ``capacity`` (keys a row can hold) only sizes the split count. ``config`` /
+    ``block_m`` override the tuned tile choice (benchmark sweeps).
+
+    Returns ``(out [B, Sq, Hq, D] in q's dtype, lse [B, Hq, Sq] float32)``; rows without any
+    visible key get out 0 and LSE +inf, as flash-attn does. Raises nothing itself: the caller
+    checks shapes and dtypes.
+    """
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    device = q.device
+    out = _alloc(tuple(q.shape), q.dtype, device)
+    lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device)
+    if batch == 0 or seqlen_q == 0:
+        return out, lse
+
+    block_n, num_warps, num_stages = config or _config(head_dim, device)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    rows = group * seqlen_q
+    if block_m is None:
+        block_m = max(16, min(64, triton.next_power_of_2(rows)))
+    m_blocks = triton.cdiv(rows, block_m)
+    programs = batch * num_kv_heads * m_blocks
+    splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, device,
+                                                                  block_n)
+    page_size = k_cache.shape[1] if block_table is not None else 0
+    final = splits == 1
+    if final:
+        o_target, l_target = out, lse
+        o_strides = (0, out.stride(0), out.stride(2), out.stride(1), out.stride(3))
+        l_strides = (0, lse.stride(0), lse.stride(1), lse.stride(2))
+    else:
+        o_target = _alloc((splits, batch, num_heads, seqlen_q, head_dim), torch.float32, device)
+        l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
+        o_strides = o_target.stride()
+        l_strides = l_target.stride()
+
+    # Unused pointer arguments still need a tensor; q is always there.
+    dummy = q
+    alibi_stride = 0
+    if alibi_slopes is not None and alibi_slopes.dim() == 2:
+        alibi_stride = alibi_slopes.stride(0)
+    grid = (splits, m_blocks, batch * num_kv_heads)
+    _split_kernel[grid](
+        q, k_cache, v_cache,
+        block_table if block_table is not None else dummy,
+        total_lens if total_lens is not None else dummy,
+        batch_idx if batch_idx is not None else dummy,
+        leftpad if leftpad is not None else dummy,
+        alibi_slopes if alibi_slopes is not None else dummy,
+        o_target, l_target,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        block_table.stride(0) if block_table is not None else 0,
+        alibi_stride,
+        *o_strides, *l_strides,
+        seqlen_q, num_kv_heads, head_dim, total_len_uniform,
+        softmax_scale * _LOG2E, softcap, window_left, window_right,
+        GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        PAGE_SIZE=page_size, NUM_SPLITS=splits,
+        HAS_LENS=total_lens is not None, HAS_BATCH_IDX=batch_idx is not None,
+        HAS_LEFTPAD=leftpad is not None, HAS_ALIBI=alibi_slopes is not None,
+        HAS_SOFTCAP=softcap > 0.0,
+        HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=window_right >= 0,
+        FINAL=final,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if not final:
+        _combine_kernel[(batch * num_heads * seqlen_q,)](
+            o_target, l_target, out, lse,
+            *o_target.stride(), *l_target.stride(),
+            out.stride(0), out.stride(1), out.stride(2), out.stride(3),
+            *lse.stride(),
+            num_heads, seqlen_q, head_dim,
+            NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            BLOCK_D=block_d,
+            num_warps=1 if device.type != "cuda" else 4,
+        )
+    return out, lse

@@ -1,0 +1,347 @@
+"""flash_attn_with_kvcache of the shipped flash-attn2 kernel repo, against a float64 reference.
+
+Both paths are run: the split-K Triton kernel (under TRITON_INTERPRET=1, set by conftest) and
+the PyTorch path (TRITON_INTERPRET unset for the call). Inputs are fresh random numbers each
+run; cache slots that no row may read hold NaN so any stray read shows; every buffer the Triton
+path writes is poisoned with NaN before the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import sys
+import types
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+
+PACKAGE_DIR = (Path(__file__).resolve().parents[2] / "kernel_repos" / "kernels-community"
+               / "flash-attn2" / "build" / "torch-universal" / "flash_attn2")
+
+
+def _load(module: str) -> types.ModuleType:
+    """Import one module of the kernel package by path, without the package's __init__.
+
+    The loader core (which normally imports kernel repos) is tested elsewhere; here only the
+    kvcache modules and what they import are exercised.
+    """
+    pkg_name = "_test_flash_attn2_kvcache_pkg"
+    if pkg_name not in sys.modules:
+        pkg = types.ModuleType(pkg_name)
+        pkg.__path__ = [str(PACKAGE_DIR)]
+        sys.modules[pkg_name] = pkg
+    return importlib.import_module(f"{pkg_name}.{module}")
+
+
+kvcache = _load("_kvcache")
+flash_attn_with_kvcache = kvcache.flash_attn_with_kvcache
+
+
+@pytest.fixture(params=["triton", "torch"])
+def path(request, monkeypatch):
+    """Which implementation serves the call; the Triton one gets NaN-poisoned buffers."""
+    if request.param == "torch":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        decode = _load("_triton_decode")
+        original = decode._alloc
+
+        def poisoned(shape, dtype, device):
+            return original(shape, dtype, device).fill_(float("nan"))
+
+        monkeypatch.setattr(decode, "_alloc", poisoned)
+    return request.param
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    seqlen_q: int = 1
+    seqlen_new: int = 1
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 32
+    dtype: torch.dtype = torch.float16
+    page_size: int = 0  # 0: contiguous cache
+    lens: tuple = (0, 7, 16, 33)  # keys already cached per row
+    capacity: int = 48  # slots per row (contiguous) / pages * page_size (paged)
+    causal: bool = False
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    alibi: str = ""  # "", "h" ([H]) or "bh" ([B, H])
+    batch_idx: bool = False
+    leftpad: bool = False
+    rotary: str = ""  # "", "interleaved", "halves"
+    int_lens: bool = False  # cache_seqlens as a Python int (lens[0] for every row)
+    num_splits: int = 0
+    noncontig_q: bool = False
+
+
+CASES = [
+    Case("decode-contig-gqa-causal", causal=True),
+    Case("decode-paged16-mqa-fp32", heads=4, kv_heads=1, page_size=16, lens=(0, 15, 16, 40),
+         dtype=torch.float32),
+    Case("decode-paged8-window-alibi", page_size=8, lens=(3, 0, 29, 40), window=(9, -1),
+         alibi="h", seqlen_new=0),
+    Case("decode-contig-softcap-splits", lens=(5, 44, 47, 30), softcap=3.0, num_splits=5,
+         head_dim=40),
+    Case("chunk-contig-causal-window-softcap", seqlen_q=5, seqlen_new=5, causal=True,
+         window=(6, 0), softcap=2.0, heads=4, kv_heads=2, head_dim=40, lens=(0, 9, 20, 37)),
+    Case("chunk-paged16-alibi-noappend-fp32", seqlen_q=3, seqlen_new=0, page_size=16,
+         alibi="bh", causal=True, dtype=torch.float32, lens=(3, 17, 32, 45), noncontig_q=True),
+    Case("chunk-tiled-over-q", seqlen_q=40, seqlen_new=40, heads=4, kv_heads=2, causal=True,
+         capacity=96, lens=(0, 13, 50, 56), dtype=torch.float32),
+    Case("batchidx-leftpad", seqlen_q=2, seqlen_new=2, causal=True, batch_idx=True,
+         leftpad=True, lens=(6, 11, 30, 20)),
+    Case("rotary-interleaved-paged", seqlen_q=2, seqlen_new=2, causal=True, page_size=16,
+         rotary="interleaved", lens=(0, 14, 31, 30)),
+    Case("rotary-halves-noncausal-intlen", rotary="halves", int_lens=True, lens=(21,) * 4,
+         kv_heads=8, head_dim=48),
+]
+
+
+def _slot(case: Case, cache_row: int, pos: int, table: Optional[torch.Tensor], b: int):
+    if case.page_size:
+        return int(table[b, pos // case.page_size]), pos % case.page_size
+    return cache_row, pos
+
+
+def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool):
+    """x [H, D] float64 rotated with cos/sin [rot/2] (flash-attn's rotary, written plainly)."""
+    out = x.clone()
+    half = cos.shape[0]
+    for j in range(half):
+        a, b = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+        out[:, a] = x[:, a] * cos[j] - x[:, b] * sin[j]
+        out[:, b] = x[:, a] * sin[j] + x[:, b] * cos[j]
+    return out
+
+
+def _make_inputs(case: Case, gen: torch.Generator):
+    batch = len(case.lens)
+    d = case.head_dim
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(case.dtype)
+
+    lens = torch.tensor(case.lens, dtype=torch.int32)
+    leftpad = None
+    if case.leftpad:
+        leftpad = torch.tensor([min(2 + b, int(lens[b])) for b in range(batch)], dtype=torch.int32)
+    if case.page_size:
+        pages_per_row = case.capacity // case.page_size
+        num_blocks = batch * pages_per_row + 3
+        perm = torch.randperm(num_blocks, generator=gen)[: batch * pages_per_row]
+        table = perm.view(batch, pages_per_row).to(torch.int32)
+        cache_shape = (num_blocks, case.page_size, case.kv_heads, d)
+    else:
+        table = None
+        cache_shape = (batch + (2 if case.batch_idx else 0), case.capacity, case.kv_heads, d)
+    batch_idx = None
+    rows = list(range(batch))
+    if case.batch_idx:
+        batch_idx = torch.randperm(cache_shape[0], generator=gen)[:batch].to(torch.int32)
+        rows = [int(r) for r in batch_idx]
+    k_cache = torch.full(cache_shape, float("nan"), dtype=case.dtype)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=case.dtype)
+    for b in range(batch):
+        first = int(leftpad[b]) if leftpad is not None else 0
+        for pos in range(first, int(lens[b])):
+            slot = _slot(case, rows[b], pos, table, b)
+            k_cache[slot] = rnd(case.kv_heads, d)
+            v_cache[slot] = rnd(case.kv_heads, d)
+    q = rnd(batch, case.seqlen_q, case.heads, d)
+    if case.noncontig_q:
+        q = rnd(batch, case.heads, case.seqlen_q, d).transpose(1, 2)
+    k_new = rnd(batch, case.seqlen_new, case.kv_heads, d) if case.seqlen_new else None
+    v_new = rnd(batch, case.seqlen_new, case.kv_heads, d) if case.seqlen_new else None
+    alibi = None
+    if case.alibi == "h":
+        alibi = torch.rand(case.heads, generator=gen) * 0.5
+    elif case.alibi == "bh":
+        alibi = torch.rand(batch, case.heads, generator=gen) * 0.5
+    cos = sin = None
+    if case.rotary:
+        angles = torch.rand(case.capacity + case.seqlen_q, d // 4, generator=gen) * 6.0
+        cos, sin = torch.cos(angles), torch.sin(angles)
+    return dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k_new, v=v_new, lens=lens,
+                leftpad=leftpad, table=table, batch_idx=batch_idx, rows=rows, alibi=alibi,
+                cos=cos, sin=sin)
+
+
+def _reference(case: Case, inp: dict):
+    """Expected caches after the append, and float64 out [B, Sq, Hq, D] / lse [B, Hq, Sq]."""
+    batch, sq, hq, d = inp["q"].shape
+    group = hq // case.kv_heads
+    k_cache = inp["k_cache"].clone()
+    v_cache = inp["v_cache"].clone()
+    scale = 1.0 / math.sqrt(d)
+    out = torch.empty(batch, sq, hq, d, dtype=torch.float64)
+    lse = torch.empty(batch, hq, sq, dtype=torch.float64)
+    windowed = case.causal or case.window != (-1, -1)
+    for b in range(batch):
+        start = int(inp["lens"][b])
+        q = inp["q"][b].double()  # [Sq, Hq, D]
+        if case.rotary:
+            inter = case.rotary == "interleaved"
+            for i in range(sq):
+                pos = start + i if windowed else start
+                q[i] = _rotate_ref(q[i], inp["cos"][pos].double(), inp["sin"][pos].double(), inter)
+        for t in range(case.seqlen_new):
+            kt = inp["k"][b, t].double()
+            if case.rotary:
+                kt = _rotate_ref(kt, inp["cos"][start + t].double(), inp["sin"][start + t].double(),
+                                 case.rotary == "interleaved")
+            slot = _slot(case, inp["rows"][b], start + t, inp["table"], b)
+            k_cache[slot] = kt.to(case.dtype)
+            v_cache[slot] = inp["v"][b, t]
+        first = int(inp["leftpad"][b]) if inp["leftpad"] is not None else 0
+        total = start + case.seqlen_new
+        length = total - first
+        keys = torch.stack([k_cache[_slot(case, inp["rows"][b], p, inp["table"], b)]
+                            for p in range(first, total)]).double() if length else None
+        vals = torch.stack([v_cache[_slot(case, inp["rows"][b], p, inp["table"], b)]
+                            for p in range(first, total)]).double() if length else None
+        left, right = case.window
+        if case.causal:
+            right = 0
+        for h in range(hq):
+            for i in range(sq):
+                if not length:
+                    out[b, i, h] = 0.0
+                    lse[b, h, i] = math.inf
+                    continue
+                s = keys[:, h // group] @ q[i, h] * scale
+                if case.softcap:
+                    s = case.softcap * torch.tanh(s / case.softcap)
+                j = torch.arange(length, dtype=torch.float64)
+                diag = i + length - sq
+                if inp["alibi"] is not None:
+                    slope = inp["alibi"][h] if inp["alibi"].dim() == 1 else inp["alibi"][b, h]
+                    s = s - float(slope) * (diag - j).abs()
+                ok = torch.ones(length, dtype=torch.bool)
+                if right >= 0:
+                    ok &= j <= diag + right
+                if left >= 0:
+                    ok &= j >= diag - left
+                if not ok.any():
+                    out[b, i, h] = 0.0
+                    lse[b, h, i] = math.inf
+                    continue
+                s = s.masked_fill(~ok, -math.inf)
+                lse[b, h, i] = torch.logsumexp(s, 0)
+                out[b, i, h] = torch.softmax(s, 0) @ vals[:, h // group]
+    return k_cache, v_cache, out, lse
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm().clamp(min=1e-12))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_matches_float64_reference(case: Case, path: str):
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    inp = _make_inputs(case, gen)
+    want_k, want_v, want_out, want_lse = _reference(case, inp)
+    lens = int(inp["lens"][0]) if case.int_lens else inp["lens"]
+    out, lse = flash_attn_with_kvcache(
+        inp["q"], inp["k_cache"], inp["v_cache"], k=inp["k"], v=inp["v"],
+        rotary_cos=inp["cos"], rotary_sin=inp["sin"], cache_seqlens=lens,
+        cache_batch_idx=inp["batch_idx"], cache_leftpad=inp["leftpad"], block_table=inp["table"],
+        causal=case.causal, window_size=case.window, softcap=case.softcap,
+        rotary_interleaved=case.rotary != "halves", alibi_slopes=inp["alibi"],
+        num_splits=case.num_splits, return_softmax_lse=True,
+    )
+    assert out.shape == inp["q"].shape and out.dtype == case.dtype
+    assert lse.shape == (inp["q"].shape[0], case.heads, case.seqlen_q) and lse.dtype == torch.float32
+    assert not out.isnan().any() and not lse.isnan().any()
+    tol = 1e-4 if case.dtype == torch.float32 else 4e-3
+    assert _rel_err(out, want_out) < tol
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite].double(), want_lse[finite], atol=2e-3, rtol=0)
+    assert (out[~finite.transpose(1, 2)] == 0).all()
+    # The cache now holds the new keys (rotated ones to rounding) and nothing else changed; NaN
+    # slots must still be NaN.
+    for got, want in ((inp["k_cache"], want_k), (inp["v_cache"], want_v)):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.allclose(got.nan_to_num(), want.nan_to_num(), atol=2e-3, rtol=2e-3)
+        if not case.rotary:
+            assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+def test_empty_rows_give_zero_and_inf_lse(path: str):
+    """Rows with no cached keys and nothing appended, and query rows outside every window."""
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
+    k_cache = torch.randn(2, 20, 2, 32, dtype=torch.float16)
+    v_cache = torch.randn(2, 20, 2, 32, dtype=torch.float16)
+    lens = torch.tensor([0, 12], dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                       return_softmax_lse=True)
+    assert (out[0] == 0).all() and torch.isinf(lse[0]).all() and (lse[0] > 0).all()
+    assert torch.isfinite(lse[1]).all() and out[1].abs().sum() > 0
+
+
+def test_num_splits_do_not_change_the_result(path: str):
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    q = torch.randn(3, 1, 8, 64, generator=gen)
+    k_cache = torch.randn(3, 200, 2, 64, generator=gen)
+    v_cache = torch.randn(3, 200, 2, 64, generator=gen)
+    lens = torch.tensor([200, 1, 117], dtype=torch.int32)
+    results = [flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,
+                                       num_splits=n, return_softmax_lse=True) for n in (1, 3, 16)]
+    for out, lse in results[1:]:
+        assert torch.allclose(out, results[0][0], atol=1e-5)
+        assert torch.allclose(lse, results[0][1], atol=1e-5)
+
+
+def test_argument_errors_name_the_problem():
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
+    cache = torch.randn(2, 16, 2, 32, dtype=torch.float16)
+    new = torch.randn(2, 1, 2, 32, dtype=torch.float16)
+    lens = torch.tensor([3, 4], dtype=torch.int32)
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    cos = torch.randn(32, 8)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        flash_attn_with_kvcache(torch.randn(2, 1, 3, 32, dtype=torch.float16), cache, cache)
+    with pytest.raises(ValueError, match="rotary needs"):
+        flash_attn_with_kvcache(q, cache, cache, rotary_cos=cos, rotary_sin=cos,
+                                cache_seqlens=lens)
+    with pytest.raises(ValueError, match="cache_batch_idx cannot be combined with block_table"):
+        flash_attn_with_kvcache(q, cache, cache, block_table=table,
+                                cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="needs cache_seqlens"):
+        flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new)
+    with pytest.raises(ValueError, match="overflows the cache"):
+        flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new,
+                                cache_seqlens=torch.tensor([3, 16], dtype=torch.int32))
+    with pytest.raises(ValueError, match="both k and v"):
+        flash_attn_with_kvcache(q, cache, cache.clone(), k=new, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="q is torch.float16"):
+        flash_attn_with_kvcache(q, cache.float(), cache.float())
+
+
+def test_bf16_under_interpreter_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q = torch.randn(1, 1, 2, 32, dtype=torch.bfloat16)
+    cache = torch.randn(1, 8, 2, 32, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="TRITON_INTERPRET"):
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=4)
+
+
+def test_bf16_on_the_torch_path(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    q = torch.randn(2, 1, 4, 32, generator=gen)
+    cache = torch.randn(2, 24, 1, 32, generator=gen)
+    lens = torch.tensor([24, 9], dtype=torch.int32)
+    out = flash_attn_with_kvcache(q.bfloat16(), cache.bfloat16(), cache.bfloat16(),
+                                  cache_seqlens=lens)
+    want = flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens)
+    assert out.dtype == torch.bfloat16
+    assert _rel_err(out.float(), want.double()) < 2e-2
