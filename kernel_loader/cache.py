@@ -1,0 +1,199 @@
+"""The on-disk cache: Hugging Face cache layout, read without writing.
+
+``<cache>/<type>s--<org>--<name>/{refs/<revision>, snapshots/<sha>/build/<variant>/...}`` where
+``<type>`` is ``kernel`` (the Hub's kernel repos) or ``model`` (mirrors, older repos). Reading
+a kernel from here never writes into the cache, so it can live on a shared read-only filesystem.
+Downloads go through huggingface_hub (see ``hub.py``), which keeps this layout.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernel_loader import constants
+
+REPO_TYPES = ("kernel", "model")
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+def is_sha(revision: str | None) -> bool:
+    """Whether ``revision`` is a full 40-hex-digit commit sha."""
+    return bool(revision) and bool(_SHA_RE.match(revision))  # type: ignore[arg-type]
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir`` if given, else :func:`kernel_loader.constants.cache_dir`."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else constants.cache_dir()
+
+
+def repo_folder(repo_id: str, repo_type: str, cache_dir: str | Path | None = None) -> Path:
+    """The cache folder of one repo (the same name huggingface_hub uses)."""
+    org, name = repo_id.split("/", 1)
+    return cache_root(cache_dir) / f"{repo_type}s--{org}--{name}"
+
+
+@dataclass(frozen=True)
+class CachedSnapshot:
+    """A commit of a repo present in the cache."""
+
+    repo_id: str
+    repo_type: str
+    sha: str
+    path: Path  # snapshots/<sha>
+
+    @property
+    def build_dir(self) -> Path:
+        return self.path / "build"
+
+    def variants(self) -> list[str]:
+        """Variant folders present in this snapshot (only the ones that were downloaded)."""
+        try:
+            return sorted(p.name for p in self.build_dir.iterdir() if p.is_dir())
+        except OSError:
+            return []
+
+
+def _read_ref(folder: Path, revision: str) -> str | None:
+    if "/" in revision or revision.startswith("."):
+        return None
+    try:
+        sha = (folder / "refs" / revision).read_text().strip()
+    except OSError:
+        return None
+    return sha if is_sha(sha) else None
+
+
+def find_snapshot(repo_id: str, revision: str, cache_dir: str | Path | None = None) -> CachedSnapshot | None:
+    """The cached snapshot for ``revision`` (a sha, or a branch/tag recorded under ``refs/``).
+
+    Makes no network call and writes nothing. Returns None when the cache does not have it.
+    """
+    for repo_type in REPO_TYPES:
+        folder = repo_folder(repo_id, repo_type, cache_dir)
+        sha = revision if is_sha(revision) else _read_ref(folder, revision)
+        if sha is None:
+            continue
+        path = folder / "snapshots" / sha
+        if path.is_dir():
+            return CachedSnapshot(repo_id, repo_type, sha, path)
+    return None
+
+
+def cached_refs(repo_id: str, cache_dir: str | Path | None = None) -> dict[str, str]:
+    """Every ``refs/<name>`` recorded for the repo (branch or tag name -> sha), both repo types."""
+    refs: dict[str, str] = {}
+    for repo_type in reversed(REPO_TYPES):  # kernel wins over model on conflicts
+        folder = repo_folder(repo_id, repo_type, cache_dir) / "refs"
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_file():
+                sha = _read_ref(folder.parent, entry.name)
+                if sha:
+                    refs[entry.name] = sha
+    return refs
+
+
+def cached_versions(repo_id: str, cache_dir: str | Path | None = None) -> dict[int, str]:
+    """``vN`` branches recorded in the cache: ``{N: sha}``."""
+    versions = {}
+    for name, sha in cached_refs(repo_id, cache_dir).items():
+        if re.fullmatch(r"v\d+", name):
+            versions[int(name[1:])] = sha
+    return versions
+
+
+@dataclass
+class CachedRepo:
+    """One kernel repo in the cache, for ``kernel-loader cache ls``."""
+
+    repo_id: str
+    repo_type: str
+    folder: Path
+    refs: dict[str, str] = field(default_factory=dict)
+    snapshots: dict[str, list[str]] = field(default_factory=dict)  # sha -> variants
+    size_bytes: int = 0
+
+    def to_json(self) -> dict:
+        return {
+            "repo_id": self.repo_id,
+            "repo_type": self.repo_type,
+            "folder": str(self.folder),
+            "refs": self.refs,
+            "snapshots": self.snapshots,
+            "size_bytes": self.size_bytes,
+        }
+
+
+def _folder_size(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def list_cached(cache_dir: str | Path | None = None) -> list[CachedRepo]:
+    """Every cached repo that holds at least one snapshot with a ``build/`` folder."""
+    root = cache_root(cache_dir)
+    repos = []
+    try:
+        folders = sorted(root.iterdir())
+    except OSError:
+        return []
+    for folder in folders:
+        match = re.fullmatch(r"(kernel|model)s--([^-].*?)--(.+)", folder.name)
+        if not match or not folder.is_dir():
+            continue
+        repo_id = f"{match[2]}/{match[3]}"
+        snaps = {}
+        for snap in sorted((folder / "snapshots").glob("*")):
+            snapshot = CachedSnapshot(repo_id, match[1], snap.name, snap)
+            if snapshot.build_dir.is_dir():
+                snaps[snap.name] = snapshot.variants()
+        if not snaps:
+            continue
+        refs = {}
+        for ref in sorted((folder / "refs").glob("*")):
+            sha = _read_ref(folder, ref.name)
+            if sha:
+                refs[ref.name] = sha
+        repos.append(CachedRepo(repo_id, match[1], folder, refs, snaps, _folder_size(folder)))
+    return repos
+
+
+def prune(cache_dir: str | Path | None = None, keep_shas: set[str] | None = None, dry_run: bool = False) -> list[Path]:
+    """Remove cached kernel snapshots that no ref (and no sha in ``keep_shas``) points to.
+
+    Blobs no longer used by any snapshot are removed too. Returns what was (or, with
+    ``dry_run``, would be) removed.
+
+    Raises:
+        OSError: the cache is read-only or a file cannot be removed.
+    """
+    keep = set(keep_shas or ())
+    removed: list[Path] = []
+    for repo in list_cached(cache_dir):
+        live = set(repo.refs.values()) | keep
+        for sha in repo.snapshots:
+            if sha not in live:
+                removed.append(repo.folder / "snapshots" / sha)
+                if not dry_run:
+                    shutil.rmtree(repo.folder / "snapshots" / sha)
+        blobs = repo.folder / "blobs"
+        if dry_run or not blobs.is_dir():
+            continue
+        used = {Path(link.resolve()).name for link in (repo.folder / "snapshots").rglob("*") if link.is_symlink()}
+        for blob in blobs.iterdir():
+            if blob.name not in used:
+                removed.append(blob)
+                blob.unlink()
+    return removed

@@ -1,0 +1,101 @@
+"""Every environment variable kernel_loader reads, in one place.
+
+Each value is read when the function is called (not at import time) so that tests, notebooks and
+launch scripts can change the environment after ``import kernel_loader``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Organisations whose kernels load without ``trust_remote_code=True``.
+DEFAULT_TRUSTED_ORGS: frozenset[str] = frozenset({"kernels-community"})
+
+#: The public Hugging Face Hub, used when HF_ENDPOINT is not set.
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def hf_endpoint() -> str:
+    """The Hub (or mirror) URL: ``HF_ENDPOINT``, else the public Hub."""
+    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hf_token() -> str | None:
+    """``HF_TOKEN`` (or the legacy ``HUGGING_FACE_HUB_TOKEN``); None lets huggingface_hub decide."""
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def hf_offline() -> bool:
+    """``HF_HUB_OFFLINE=1``: never talk to the Hub, use the cache (and shipped copies) only."""
+    return _flag("HF_HUB_OFFLINE")
+
+
+def cache_dir() -> Path:
+    """Where kernel repos are cached.
+
+    ``KERNEL_LOADER_CACHE`` wins; otherwise the Hugging Face cache (``HF_HUB_CACHE``, else
+    ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``), so kernels already fetched by other
+    tools are reused.
+    """
+    explicit = os.environ.get("KERNEL_LOADER_CACHE") or os.environ.get("HF_HUB_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    hf_home = os.environ.get("HF_HOME")
+    if hf_home:
+        return Path(hf_home).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def state_dir() -> Path:
+    """A user-writable folder for small bookkeeping files (e.g. lock verification results).
+
+    ``KERNEL_LOADER_STATE_DIR``, else ``$XDG_STATE_HOME/kernel_loader``, else
+    ``~/.local/state/kernel_loader``. Kept apart from the cache because the cache may be a shared
+    read-only filesystem.
+    """
+    explicit = os.environ.get("KERNEL_LOADER_STATE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+    return base / "kernel_loader"
+
+
+def local_kernels() -> str | None:
+    """``LOCAL_KERNELS``: ``org/a=/path,org/b=/path`` (or ``:``-separated) local overrides."""
+    value = os.environ.get("LOCAL_KERNELS")
+    return value if value and value.strip() else None
+
+
+def no_bundled() -> bool:
+    """``KERNEL_LOADER_NO_BUNDLED=1``: never fall back to the kernel repos shipped with the package."""
+    return _flag("KERNEL_LOADER_NO_BUNDLED")
+
+
+def trusted_orgs() -> frozenset[str]:
+    """Trusted organisations: the defaults plus ``KERNEL_LOADER_TRUSTED_ORGS=org1,org2``."""
+    extra = os.environ.get("KERNEL_LOADER_TRUSTED_ORGS", "")
+    return DEFAULT_TRUSTED_ORGS | {o.strip() for o in extra.split(",") if o.strip()}
+
+
+def backend_override() -> str | None:
+    """``KERNEL_LOADER_BACKEND``: force a backend (``cpu``, ``cuda``, ...) for variant selection."""
+    value = os.environ.get("KERNEL_LOADER_BACKEND", "").strip().lower()
+    return value or None
+
+
+def hub_timeout() -> float:
+    """``KERNEL_LOADER_HUB_TIMEOUT`` seconds for one Hub request (default 10)."""
+    try:
+        return float(os.environ.get("KERNEL_LOADER_HUB_TIMEOUT", "10"))
+    except ValueError:
+        return 10.0

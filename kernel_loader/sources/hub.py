@@ -1,0 +1,253 @@
+"""Talking to the Hub (or a mirror) through huggingface_hub's public API.
+
+Every call passes ``endpoint=`` and ``token=`` from :mod:`kernel_loader.constants`, because
+huggingface_hub reads ``HF_ENDPOINT`` only once, at import. Repo type ``kernel`` is tried first,
+then ``model`` (mirrors such as olah serve only ``model``; they answer 401/404 for kernels).
+Downloads land in the cache in huggingface_hub's layout and show its progress bars.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_loader import constants
+
+logger = logging.getLogger("kernel_loader")
+
+REPO_TYPES = ("kernel", "model")
+
+
+class HubUnreachable(Exception):
+    """The Hub could not be reached (connection refused, DNS, timeout, offline mode)."""
+
+
+class HubRepoMissing(Exception):
+    """The Hub answered, but has no such repo (for any repo type)."""
+
+
+@dataclass
+class RemoteRepo:
+    """A repo on the Hub: its type and refs (name -> sha)."""
+
+    repo_id: str
+    repo_type: str
+    branches: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def versions(self) -> dict[int, str]:
+        """``vN`` branches: ``{N: sha}``."""
+        out = {}
+        for name, sha in self.branches.items():
+            if len(name) > 1 and name[0] == "v" and name[1:].isdigit():
+                out[int(name[1:])] = sha
+        return out
+
+
+def _api() -> Any:
+    from huggingface_hub import HfApi
+
+    from kernel_loader import __version__
+
+    return HfApi(
+        endpoint=constants.hf_endpoint(),
+        token=constants.hf_token(),
+        library_name="kernel_loader",
+        library_version=__version__,
+    )
+
+
+def _unreachable(exc: BaseException) -> bool:
+    from huggingface_hub import errors
+
+    if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+        return True
+    try:
+        import httpx
+
+        if isinstance(exc, httpx.TransportError):
+            return True
+    except ImportError:
+        pass
+    try:
+        import requests
+
+        if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+            return True
+    except ImportError:
+        pass
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and _unreachable(cause)
+
+
+def _missing(exc: BaseException) -> bool:
+    # olah answers 401 for anything it does not have and 404 for /api/kernels by sha; the Hub
+    # answers 404. huggingface_hub versions without repo type "kernel" raise ValueError.
+    from huggingface_hub import errors
+
+    if isinstance(exc, (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.EntryNotFoundError)):
+        return True
+    if isinstance(exc, ValueError) and "repo" in str(exc).lower() and "type" in str(exc).lower():
+        return True
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None) in (401, 403, 404)
+
+
+def remote_repo(repo_id: str) -> RemoteRepo:
+    """The repo's type and refs.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+        HubRepoMissing: no repo of type ``kernel`` or ``model`` with this id.
+    """
+    if constants.hf_offline():
+        raise HubUnreachable("HF_HUB_OFFLINE is set")
+    api = _api()
+    errors = []
+    for repo_type in REPO_TYPES:
+        try:
+            refs = api.list_repo_refs(repo_id, repo_type=repo_type)
+        except Exception as exc:  # classified below; anything else is a real error
+            if _unreachable(exc):
+                raise HubUnreachable(f"{constants.hf_endpoint()}: {type(exc).__name__}: {exc}") from exc
+            if _missing(exc):
+                errors.append(f"{repo_type}: {type(exc).__name__}")
+                continue
+            raise
+        return RemoteRepo(
+            repo_id,
+            repo_type,
+            {b.name: b.target_commit for b in refs.branches},
+            {t.name: t.target_commit for t in refs.tags},
+        )
+    raise HubRepoMissing(f"{repo_id} not found on {constants.hf_endpoint()} ({'; '.join(errors)})")
+
+
+def commit_exists(repo_id: str, repo_type: str, sha: str) -> bool:
+    """Whether ``sha`` is a commit of the repo.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+    """
+    try:
+        info = _api().repo_info(repo_id, repo_type=repo_type, revision=sha)
+    except Exception as exc:
+        if _unreachable(exc):
+            raise HubUnreachable(str(exc)) from exc
+        if _missing(exc):
+            return False
+        raise
+    return getattr(info, "sha", None) == sha
+
+
+def list_variants(repo_id: str, repo_type: str, revision: str) -> list[str]:
+    """Variant folder names under ``build/`` at ``revision`` (empty if there is no build/).
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+    """
+    from huggingface_hub.hf_api import RepoFolder
+
+    try:
+        tree = list(_api().list_repo_tree(repo_id, path_in_repo="build", repo_type=repo_type, revision=revision))
+    except Exception as exc:
+        if _unreachable(exc):
+            raise HubUnreachable(str(exc)) from exc
+        if _missing(exc):
+            return []
+        raise
+    return sorted(item.path.split("/")[-1] for item in tree if isinstance(item, RepoFolder))
+
+
+def variant_file_digests(repo_id: str, repo_type: str, sha: str, variant: str) -> dict[str, str]:
+    """``{path relative to the variant: digest}`` from the Hub's listing, downloading nothing.
+
+    LFS files give ``sha256:<hex>``, others their git blob id ``git-sha1:<hex>``.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+    """
+    from huggingface_hub.hf_api import RepoFile
+
+    prefix = f"build/{variant}/"
+    try:
+        tree = _api().list_repo_tree(
+            repo_id, path_in_repo=prefix.rstrip("/"), repo_type=repo_type, revision=sha, recursive=True
+        )
+        items = list(tree)
+    except Exception as exc:
+        if _unreachable(exc):
+            raise HubUnreachable(str(exc)) from exc
+        raise
+    digests = {}
+    for item in items:
+        if not isinstance(item, RepoFile) or not item.path.startswith(prefix):
+            continue
+        rel = item.path[len(prefix) :]
+        if "__pycache__/" in rel or rel.endswith((".pyc", ".pyo")):
+            continue
+        lfs = getattr(item, "lfs", None)
+        lfs_sha = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
+        digests[rel] = f"sha256:{lfs_sha}" if lfs_sha else f"git-sha1:{item.blob_id}"
+    return digests
+
+
+def read_metadata(repo_id: str, repo_type: str, revision: str, variant: str, cache_dir: Path) -> dict | None:
+    """Download (into the cache) and parse ``build/<variant>/metadata.json``; None if absent.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+    """
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(
+            repo_id,
+            f"build/{variant}/metadata.json",
+            repo_type=repo_type,
+            revision=revision,
+            cache_dir=str(cache_dir),
+            endpoint=constants.hf_endpoint(),
+            token=constants.hf_token(),
+        )
+    except Exception as exc:
+        if _unreachable(exc):
+            raise HubUnreachable(str(exc)) from exc
+        if _missing(exc):
+            return None
+        raise
+    try:
+        return json.loads(Path(path).read_text())
+    except ValueError:
+        logger.warning("%s: build/%s/metadata.json is not valid JSON; ignoring it", repo_id, variant)
+        return None
+
+
+def download_variants(repo_id: str, repo_type: str, revision: str, variants: list[str], cache_dir: Path) -> Path:
+    """Download only the given variants' files; return the snapshot folder (``.../snapshots/<sha>``).
+
+    ``revision`` may be a branch or tag (recorded under ``refs/`` for later offline use) or a sha.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id,
+            repo_type=repo_type,
+            revision=revision,
+            cache_dir=str(cache_dir),
+            allow_patterns=[f"build/{v}/*" for v in variants],
+            endpoint=constants.hf_endpoint(),
+            token=constants.hf_token(),
+        )
+    except Exception as exc:
+        if _unreachable(exc):
+            raise HubUnreachable(str(exc)) from exc
+        raise
+    return Path(path)
