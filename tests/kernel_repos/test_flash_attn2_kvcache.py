@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import math
 import sys
 import types
@@ -289,10 +290,10 @@ def test_empty_rows_give_zero_and_inf_lse(path: str):
 
 def test_num_splits_do_not_change_the_result(path: str):
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
-    q = torch.randn(3, 1, 8, 64, generator=gen)
-    k_cache = torch.randn(3, 200, 2, 64, generator=gen)
-    v_cache = torch.randn(3, 200, 2, 64, generator=gen)
-    lens = torch.tensor([200, 1, 117], dtype=torch.int32)
+    q = torch.randn(3, 1, 8, 32, generator=gen)
+    k_cache = torch.randn(3, 120, 2, 32, generator=gen)
+    v_cache = torch.randn(3, 120, 2, 32, generator=gen)
+    lens = torch.tensor([120, 1, 77], dtype=torch.int32)
     results = [flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,
                                        num_splits=n, return_softmax_lse=True) for n in (1, 3, 16)]
     for out, lse in results[1:]:
@@ -326,12 +327,31 @@ def test_argument_errors_name_the_problem():
         flash_attn_with_kvcache(q, cache.float(), cache.float())
 
 
-def test_bf16_under_interpreter_is_refused(monkeypatch):
+def test_bf16_under_interpreter_is_refused_before_touching_the_cache(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q = torch.randn(1, 1, 2, 32, dtype=torch.bfloat16)
     cache = torch.randn(1, 8, 2, 32, dtype=torch.bfloat16)
+    before = cache.clone()
+    new = torch.randn(1, 1, 2, 32, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="TRITON_INTERPRET"):
-        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=4)
+        flash_attn_with_kvcache(q, cache, cache, k=new, v=new, cache_seqlens=4)
+    assert torch.equal(cache, before)
+
+
+def test_public_package_exports_it():
+    """The package's __init__ re-exports this function (not its 'unavailable' stub)."""
+    spec = importlib.util.spec_from_file_location(
+        "_test_flash_attn2_kvcache_public", PACKAGE_DIR / "__init__.py",
+        submodule_search_locations=[str(PACKAGE_DIR)])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = pkg
+    spec.loader.exec_module(pkg)
+    q = torch.randn(2, 1, 4, 32)
+    cache = torch.randn(2, 24, 2, 32)
+    lens = torch.tensor([24, 9], dtype=torch.int32)
+    got = pkg.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, causal=True)
+    want = flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, causal=True)
+    assert torch.equal(got, want)
 
 
 def test_bf16_on_the_torch_path(monkeypatch):

@@ -4,47 +4,23 @@ The steps, in flash-attn 2's order: rotate the new q/k (when rotary tables are g
 new k/v into the cache in place at ``cache_seqlens[b]`` (through ``block_table`` when paged),
 then attend over ``cache_seqlens + S_new`` keys. The attention runs in the split-K Triton kernel
 of ``_triton_decode`` on CUDA (sm80+) and under ``TRITON_INTERPRET=1``; otherwise the cache is
-gathered into dense tensors and handed to the PyTorch path in ``_torch_impl``.
+gathered into dense tensors and handed to the PyTorch path in ``_torch_impl``. Backend choice
+and dtype limits are the package's (``_autograd.backend_for``, ``_validate``), so every entry
+point dispatches alike.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from typing import Optional, Tuple, Union
 
 import torch
 
+from . import _validate
+from ._autograd import backend_for
 from ._torch_impl import attention_torch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_HEAD_DIM = 256
-_warned_old_gpu = False
-
-
-def _use_triton(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the Triton kernel serves this call (see the module docstring for the rules)."""
-    global _warned_old_gpu
-    if device.type == "cuda":
-        if torch.cuda.get_device_capability(device) >= (8, 0):
-            return True
-        if not _warned_old_gpu:
-            _warned_old_gpu = True
-            warnings.warn(
-                "flash_attn_with_kvcache: the Triton kernels need a GPU of compute capability "
-                "8.0 or newer; this one is older, so the (slow) PyTorch path is used.",
-                stacklevel=3,
-            )
-        return False
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        if dtype == torch.bfloat16:
-            raise NotImplementedError(
-                "flash_attn_with_kvcache: bfloat16 is not supported under TRITON_INTERPRET=1 "
-                "(Triton's interpreter has no bf16 matrix product). Use float16/float32 there, "
-                "or unset TRITON_INTERPRET to run the PyTorch path."
-            )
-        return True
-    return False
+_MAX_HEAD_DIM = _validate.MAX_HEAD_DIM
 
 
 def _check_args(
@@ -138,17 +114,7 @@ def _check_args(
                 f"flash_attn_with_kvcache: {name} must be an int32 tensor of shape [{batch}]; got "
                 f"{t.dtype} {tuple(t.shape)}"
             )
-    if alibi_slopes is not None and alibi_slopes.shape not in ((heads,), (batch, heads)):
-        raise ValueError(
-            f"flash_attn_with_kvcache: alibi_slopes must be [{heads}] or [{batch}, {heads}]; got "
-            f"{tuple(alibi_slopes.shape)}"
-        )
-    if len(window_size) != 2:
-        raise ValueError(
-            f"flash_attn_with_kvcache: window_size must be (left, right); got {window_size!r}"
-        )
-    if softcap < 0:
-        raise ValueError(f"flash_attn_with_kvcache: softcap must be >= 0; got {softcap}")
+    _validate.check_options(0.0, window_size, softcap, alibi_slopes, batch, heads, q.device)
     if num_splits < 0:
         raise ValueError(f"flash_attn_with_kvcache: num_splits must be >= 0; got {num_splits}")
 
@@ -242,12 +208,16 @@ def flash_attn_with_kvcache(
     Raises:
         ValueError: shapes, dtypes or devices that do not fit together, a cache too small for the
             appended keys (checked on CPU tensors), rotary tables without new k/v.
+            Also float32 on the GPU kernels (as flash-attn; cast to bf16/fp16).
         NotImplementedError: bfloat16 under ``TRITON_INTERPRET=1``.
     """
     if isinstance(window_size, list):
         window_size = tuple(window_size)
     _check_args(q, k_cache, v_cache, k, v, block_table, cache_batch_idx, cache_leftpad,
                 alibi_slopes, window_size, softcap, num_splits)
+    # Before anything is written into the cache, so a refused call leaves it untouched.
+    backend = backend_for(q)
+    _validate.check_backend_dtype(q.dtype, backend)
     batch, seqlen_q, heads, dim = q.shape
     device = q.device
     paged = block_table is not None
@@ -335,7 +305,7 @@ def flash_attn_with_kvcache(
     leftpad = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
     slopes = alibi_slopes.to(torch.float32) if alibi_slopes is not None else None
 
-    if _use_triton(device, q.dtype):
+    if backend != "torch":
         from ._triton_decode import decode_attention
 
         out, lse = decode_attention(
