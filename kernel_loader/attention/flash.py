@@ -1,0 +1,375 @@
+"""A transformers-contract attention function over any module with the FlashAttention API.
+
+The module may be the ``flash_attn`` package, ``flash_attn_interface`` (FA3), a Hub kernel or our
+shipped kernel: anything with ``flash_attn_varlen_func`` (and usually ``flash_attn_func``,
+``flash_attn_with_kvcache``). Which options each function takes is read from its signature, so an
+option the kernel lacks raises instead of being dropped.
+
+Paths, in order: a 2D padding mask -> unpad, varlen, pad back; explicit ``cu_seq_lens_q/k`` ->
+varlen; packed sequences in one row (``position_ids`` restarting) -> varlen; else the dense call.
+Causal masks are bottom-right aligned when query and key lengths differ (FlashAttention's rule).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kernel_loader.attention.eager import kv_groups, resolve_is_causal
+from kernel_loader.errors import UnsupportedAttentionOptionError, UnusableKernelError
+
+__all__ = [
+    "FlashKernel",
+    "flash_kernel",
+    "flash_attention_forward",
+    "make_flash_attention",
+    "unpad_input",
+    "pad_input",
+    "cu_seqlens_from_position_ids",
+]
+
+FLASH_API = ("flash_attn_varlen_func", "flash_attn_func", "flash_attn_with_kvcache")
+# packages that run only on CUDA in half precision; Hub and shipped kernels say what they need
+_CUDA_HALF_ONLY = {"flash_attn", "flash_attn_interface"}
+
+
+def _params(fn: Callable[..., Any] | None) -> frozenset[str]:
+    if fn is None:
+        return frozenset()
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # compiled functions without a signature: assume the reference API
+        return frozenset(
+            {"dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "deterministic"}
+        )
+
+
+@dataclass(frozen=True)
+class FlashKernel:
+    """The FlashAttention entry points of a kernel module and the options each accepts."""
+
+    name: str
+    func: Callable[..., Any] | None
+    varlen: Callable[..., Any]
+    kvcache: Callable[..., Any] | None
+    func_params: frozenset[str] = field(default_factory=frozenset)
+    varlen_params: frozenset[str] = field(default_factory=frozenset)
+    kvcache_params: frozenset[str] = field(default_factory=frozenset)
+    cuda_half_only: bool = False
+
+
+@functools.lru_cache(maxsize=64)
+def _describe(kernel: ModuleType) -> FlashKernel:
+    varlen = getattr(kernel, "flash_attn_varlen_func", None)
+    if varlen is None:
+        raise UnusableKernelError(
+            f"Kernel module {getattr(kernel, '__name__', kernel)!r} has no flash_attn_varlen_func, so it cannot "
+            f"back a FlashAttention backend (looked for {', '.join(FLASH_API)}). Pick a kernel with the "
+            "FlashAttention API, e.g. 'kernels-community/flash-attn2', or name a function with 'org/repo:fn'."
+        )
+    func = getattr(kernel, "flash_attn_func", None)
+    kvcache = getattr(kernel, "flash_attn_with_kvcache", None)
+    top = getattr(kernel, "__name__", "").split(".")[0]
+    return FlashKernel(
+        name=getattr(kernel, "__name__", repr(kernel)),
+        func=func,
+        varlen=varlen,
+        kvcache=kvcache,
+        func_params=_params(func),
+        varlen_params=_params(varlen),
+        kvcache_params=_params(kvcache),
+        cuda_half_only=top in _CUDA_HALF_ONLY,
+    )
+
+
+def flash_kernel(kernel: ModuleType | FlashKernel) -> FlashKernel:
+    """Describe ``kernel``'s FlashAttention entry points (cached per module).
+
+    Raises:
+        UnusableKernelError: the module has no ``flash_attn_varlen_func``.
+    """
+    return kernel if isinstance(kernel, FlashKernel) else _describe(kernel)
+
+
+# ------------------------------------------------------------------------------------------
+# unpad / pad
+# ------------------------------------------------------------------------------------------
+
+
+def unpad_input(
+    hidden: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Keep the real tokens of ``hidden [B, S, ...]`` given ``mask [B, S]`` (True/1 = real).
+
+    Returns ``(packed [total, ...], indices [total], cu_seqlens [B+1] int32, max_seqlen)``.
+    """
+    mask = mask.to(torch.bool)
+    seqlens = mask.sum(-1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, 0, dtype=torch.int32), (1, 0))
+    packed = hidden.reshape(-1, *hidden.shape[2:])[indices]
+    return packed, indices, cu_seqlens, int(seqlens.max().item()) if seqlens.numel() else 0
+
+
+def pad_input(packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
+    """Scatter ``packed [total, ...]`` back to ``[batch, seqlen, ...]`` with zeros at padding."""
+    out = packed.new_zeros(batch * seqlen, *packed.shape[1:])
+    out[indices] = packed
+    return out.view(batch, seqlen, *packed.shape[1:])
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``cu_seqlens`` (int32) and the longest sequence of sequences packed in ``position_ids``.
+
+    A sequence starts wherever the position does not follow the previous one by 1 (the same rule
+    as the mask builders' ``find_packed_sequence_indices``).
+    """
+    flat = position_ids.flatten()
+    starts = torch.ones_like(flat, dtype=torch.bool)
+    starts[1:] = flat[1:] != flat[:-1] + 1
+    start_idx = torch.nonzero(starts).flatten().to(torch.int32)
+    total = torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)
+    cu = torch.cat([start_idx, total])
+    return cu, int((cu[1:] - cu[:-1]).max().item())
+
+
+def _is_packed(position_ids: torch.Tensor | None, batch: int) -> bool:
+    if position_ids is None or batch != 1 or position_ids.shape[-1] == 1:
+        return False
+    flat = position_ids.reshape(-1)
+    return bool((flat[1:] != flat[:-1] + 1).any())
+
+
+# ------------------------------------------------------------------------------------------
+# options
+# ------------------------------------------------------------------------------------------
+
+
+def _options(
+    params: frozenset[str],
+    kernel_name: str,
+    *,
+    causal: bool,
+    kv_length: int,
+    dropout: float,
+    scaling: float | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    s_aux: torch.Tensor | None,
+    deterministic: bool | None,
+) -> dict[str, Any]:
+    def refuse(option: str) -> UnsupportedAttentionOptionError:
+        return UnsupportedAttentionOptionError(
+            f"FlashAttention kernel {kernel_name!r} does not accept {option}, so it cannot be applied. Use "
+            "'eager' or 'sdpa', or a kernel that supports it (e.g. 'kernels-community/flash-attn2')."
+        )
+
+    opts: dict[str, Any] = {"causal": causal, "softmax_scale": scaling}
+    if dropout:
+        if "dropout_p" not in params:
+            raise refuse(f"dropout={dropout}")
+        opts["dropout_p"] = dropout
+    elif "dropout_p" in params:
+        opts["dropout_p"] = 0.0
+    if sliding_window is not None and kv_length > sliding_window:
+        if "window_size" not in params:
+            raise refuse(f"sliding_window={sliding_window}")
+        # masks.sliding_window_overlay: causal sees q-kv < w; bidirectional sees |q-kv| <= w
+        left = sliding_window - 1 if causal else sliding_window
+        opts["window_size"] = (left, left)
+    if softcap is not None and softcap != 0.0:
+        if "softcap" not in params:
+            raise refuse(f"softcap={softcap}")
+        opts["softcap"] = softcap
+    if s_aux is not None:
+        if "s_aux" in params:
+            opts["s_aux"] = s_aux
+        elif "learnable_sink" in params:
+            opts["learnable_sink"] = s_aux
+        else:
+            raise refuse("attention sinks (s_aux)")
+    if deterministic is not None and "deterministic" in params:
+        opts["deterministic"] = deterministic
+    return opts
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+# ------------------------------------------------------------------------------------------
+# the attention function
+# ------------------------------------------------------------------------------------------
+
+
+def flash_attention_forward(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    kernel: ModuleType | FlashKernel,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    position_ids: torch.Tensor | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    cu_seq_lens_k: torch.Tensor | None = None,
+    max_length_q: int | None = None,
+    max_length_k: int | None = None,
+    s_aux: torch.Tensor | None = None,
+    deterministic: bool | None = None,
+    output_attentions: bool = False,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """FlashAttention through ``kernel`` (transformers' attention-function contract).
+
+    ``query [B, Hq, Sq, D]``, ``key``/``value [B, Hkv, Skv, D]`` (GQA is the kernel's: Hq must be a
+    multiple of Hkv). ``attention_mask`` is the 2D padding mask from ``flash_attention_mask``
+    (True/1 = real token) or None. Extra keyword arguments transformers passes are ignored.
+
+    Returns:
+        ``(out [B, Sq, Hq, D] contiguous, None)``.
+
+    Raises:
+        UnsupportedAttentionOptionError: a 4D mask, ``output_attentions=True``, an option the
+            kernel's functions do not accept (softcap, window, dropout, sinks), or a ``flash_attn``
+            package asked to run off-GPU or in float32.
+        UnusableKernelError: ``kernel`` has no ``flash_attn_varlen_func``.
+    """
+    fk = flash_kernel(kernel)
+    if output_attentions:
+        raise UnsupportedAttentionOptionError(
+            "FlashAttention returns no attention weights; use attn_implementation='eager' for output_attentions."
+        )
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise UnsupportedAttentionOptionError(
+            f"FlashAttention takes a 2D padding mask [batch, kv_len], got a {attention_mask.dim()}D mask "
+            f"{tuple(attention_mask.shape)}. Build masks with the 'flash_attention_2' formatter "
+            "(create_causal_mask with config._attn_implementation set to the flash backend), or use "
+            "'sdpa'/'eager' for arbitrary 4D masks."
+        )
+    if any(d == 0 for d in query.shape):
+        raise ValueError(f"FlashAttention got an empty query {tuple(query.shape)}")
+    if fk.cuda_half_only:
+        if query.device.type != "cuda":
+            raise UnsupportedAttentionOptionError(
+                f"{fk.name} runs only on CUDA GPUs, and the inputs are on {query.device}. Use "
+                "'flash_attention_2' (it falls back to a kernel for this device) or 'sdpa'."
+            )
+        if query.dtype not in (torch.float16, torch.bfloat16):
+            raise UnsupportedAttentionOptionError(
+                f"{fk.name} supports float16 and bfloat16 only, got {query.dtype}. Cast the model "
+                "(model.to(torch.bfloat16)) or use 'sdpa'."
+            )
+    kv_groups(query, key)  # validates the head counts with a readable message
+
+    batch, q_len = query.shape[0], query.shape[2]
+    causal = resolve_is_causal(module, is_causal)
+    # FlashAttention layout: [B, S, H, D]
+    q = query.transpose(1, 2)
+    k = key.transpose(1, 2)
+    v = value.transpose(1, 2)
+    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
+    if v_head_dim != head_dim:  # e.g. MLA: pad V up to the QK head dim, crop the output below
+        v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
+
+    def opts(params: frozenset[str], kv_len: int) -> dict[str, Any]:
+        return _options(
+            params,
+            fk.name,
+            causal=causal,
+            kv_length=kv_len,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            s_aux=s_aux,
+            deterministic=deterministic,
+        )
+
+    def varlen(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cu_q: Any, cu_k: Any, mq: int, mk: int) -> torch.Tensor:
+        return _first(
+            fk.varlen(
+                qp,
+                kp,
+                vp,
+                cu_seqlens_q=cu_q,
+                cu_seqlens_k=cu_k,
+                max_seqlen_q=int(mq),
+                max_seqlen_k=int(mk),
+                **opts(fk.varlen_params, int(mk)),
+            )
+        )
+
+    if attention_mask is not None and not (attention_mask.shape[-1] == k.shape[1] and bool(attention_mask.all())):
+        mask = attention_mask.to(torch.bool)
+        if k.shape[1] > mask.shape[-1]:  # static cache: keys beyond the mask are unused slots
+            k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]
+        kp, _, cu_k, max_k = unpad_input(k, mask)
+        vp = v.reshape(-1, *v.shape[2:])[torch.nonzero(mask.flatten()).flatten()]
+        if q_len == mask.shape[-1]:
+            qp, idx_q, cu_q, max_q = unpad_input(q, mask)
+        else:
+            qp, idx_q, cu_q, max_q = unpad_input(q, mask[:, -q_len:])
+        out = varlen(qp, kp, vp, cu_q, cu_k, max_q, max_k)
+        out = pad_input(out, idx_q, batch, q_len)
+    elif all(x is not None for x in (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)):
+        flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
+        out = varlen(*flat, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
+        out = out.view(batch, -1, *out.shape[1:])
+    elif _is_packed(position_ids, batch) and q_len == k.shape[1]:
+        cu, max_len = cu_seqlens_from_position_ids(position_ids)
+        cu = cu.to(q.device)
+        flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
+        out = varlen(*flat, cu, cu, max_len, max_len).view(batch, q_len, *q.shape[2:])
+    elif fk.func is not None:
+        out = _first(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
+    else:
+        kv_len = k.shape[1]
+        cu_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=q.device)
+        cu_k = torch.arange(0, (batch + 1) * kv_len, kv_len, dtype=torch.int32, device=q.device)
+        flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
+        out = varlen(*flat, cu_q, cu_k, q_len, kv_len).view(batch, q_len, *q.shape[2:])
+
+    if v_head_dim != head_dim:
+        out = out[..., :v_head_dim]
+    return out.contiguous(), None
+
+
+def make_flash_attention(kernel: ModuleType | FlashKernel, name: str | None = None) -> Callable[..., Any]:
+    """An attention function ``fn(module, query, key, value, attention_mask, **kw)`` bound to ``kernel``.
+
+    The function depends on nothing but ``kernel``, so it can be registered in transformers'
+    ``AttentionInterface`` as well as ours.
+
+    Raises:
+        UnusableKernelError: ``kernel`` has no ``flash_attn_varlen_func``.
+    """
+    fk = flash_kernel(kernel)
+
+    def attention(
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        kwargs.pop("kernel", None)
+        return flash_attention_forward(module, query, key, value, attention_mask, kernel=fk, **kwargs)
+
+    attention.__name__ = "flash_attention_forward"
+    attention.__qualname__ = f"flash_attention_forward[{name or fk.name}]"
+    attention.__doc__ = f"FlashAttention through {fk.name} (see kernel_loader.attention.flash.flash_attention_forward)."
+    attention.flash_kernel = fk  # type: ignore[attr-defined]
+    return attention
