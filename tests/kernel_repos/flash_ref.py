@@ -1,0 +1,136 @@
+"""Shared helpers for the flash-attn2 kernel tests: load the package by path, an fp64 reference,
+and NaN-poisoned allocations so every output element must be written by the kernels.
+
+The reference is written independently of the package's own PyTorch path (per-head loops and
+explicit index masks) so the two cannot share a mistake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import math
+import sys
+from pathlib import Path
+from typing import Iterator, Optional, Tuple
+
+import torch
+
+PACKAGE_DIR = (
+    Path(__file__).resolve().parents[2]
+    / "kernel_repos" / "kernels-community" / "flash-attn2" / "build" / "torch-universal" / "flash_attn2"
+)
+_counter = itertools.count()
+
+
+def load_flash_attn2():
+    """Import the shipped package from its folder under a unique module name (as the loader does)."""
+    name = f"_flash_attn2_under_test_{next(_counter)}"
+    spec = importlib.util.spec_from_file_location(
+        name, PACKAGE_DIR / "__init__.py", submodule_search_locations=[str(PACKAGE_DIR)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Make torch.empty / torch.empty_like return NaN-filled floating tensors for the duration."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        return t
+
+    def empty(*args, **kwargs):
+        return fill(real_empty(*args, **kwargs))
+
+    def empty_like(*args, **kwargs):
+        return fill(real_empty_like(*args, **kwargs))
+
+    torch.empty, torch.empty_like = empty, empty_like
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = real_empty, real_empty_like
+
+
+def reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    keep_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """fp64 attention on ``[B, S, H, D]``; returns (out ``[B, Sq, Hq, D]``, lse ``[B, Hq, Sq]``).
+
+    Differentiable w.r.t. q/k/v. ``keep_mask`` ``[B, Hq, >=Sq, >=Sk]`` replays a dropout mask.
+    Rows that see no key: out 0, lse +inf (flash-attn 2's convention).
+    """
+    q, k, v = q.double(), k.double(), v.double()
+    batch, sq, hq, dim = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(dim)
+    left, right = window_size
+    if causal:
+        right = 0
+    pos = torch.arange(sq).view(-1, 1) + (sk - sq)  # each query's aligned key position
+    key = torch.arange(sk).view(1, -1)
+    allowed = torch.ones(sq, sk, dtype=torch.bool)
+    if right >= 0:
+        allowed &= key <= pos + right
+    if left >= 0:
+        allowed &= key >= pos - left
+    outs, lses = [], []
+    for b in range(batch):
+        out_h, lse_h = [], []
+        for h in range(hq):
+            kh = h // (hq // hk)
+            s = (q[b, :, h] @ k[b, :, kh].T) * scale
+            if softcap > 0:
+                s = softcap * torch.tanh(s / softcap)
+            if alibi_slopes is not None:
+                slope = alibi_slopes[h] if alibi_slopes.dim() == 1 else alibi_slopes[b, h]
+                s = s - float(slope) * (pos - key).abs().double()
+            s = s.masked_fill(~allowed, float("-inf"))
+            lse = torch.logsumexp(s, dim=-1)
+            has_key = allowed.any(dim=-1)
+            lse_safe = torch.where(has_key, lse, torch.zeros_like(lse))
+            p = torch.where(allowed, torch.exp(s - lse_safe[:, None]), torch.zeros_like(s))
+            if keep_mask is not None:
+                p = p * keep_mask[b, h, :sq, :sk].double() / (1.0 - dropout_p)
+            out_h.append(p @ v[b, :, kh])
+            lse_h.append(torch.where(has_key, lse, torch.full_like(lse, float("inf"))))
+        outs.append(torch.stack(out_h, dim=1))
+        lses.append(torch.stack(lse_h, dim=0))
+    return torch.stack(outs), torch.stack(lses).detach()
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / ‖want‖ in fp64; NaN anywhere in ``got`` gives inf."""
+    got = got.detach().double()
+    want = want.detach().double()
+    if torch.isnan(got).any():
+        return float("inf")
+    denom = want.norm().item()
+    return (got - want).norm().item() / (denom if denom > 0 else 1.0)
+
+
+def lse_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest |Δlse| over finite rows; inf if the +inf rows differ or anything is NaN."""
+    got = got.detach().double()
+    want = want.detach().double()
+    if torch.isnan(got).any() or not torch.equal(torch.isinf(got), torch.isinf(want)):
+        return float("inf")
+    fin = torch.isfinite(want)
+    return (got[fin] - want[fin]).abs().max().item() if fin.any() else 0.0
