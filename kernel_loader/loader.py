@@ -26,8 +26,9 @@ def _import(res: Resolution) -> ModuleType:
     what = f"{res.repo_id}@{(res.sha or 'local')[:12]} variant {res.variant}"
     module = importer.import_variant(res.path, name, what)
     res.module_name = name
-    if getattr(module, "__kernel_resolution__", None) is None:
-        module.__kernel_resolution__ = res  # type: ignore[attr-defined]
+    # The same files may be reached again by another route (e.g. the cache after the Hub); the
+    # record describes the latest resolution that returned this module.
+    module.__kernel_resolution__ = res  # type: ignore[attr-defined]
     return module
 
 

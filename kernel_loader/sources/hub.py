@@ -137,7 +137,9 @@ def commit_exists(repo_id: str, repo_type: str, sha: str) -> bool:
     except Exception as exc:
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
-        if _missing(exc):
+        # olah answers 500 for an unknown sha; the Hub answers 404.
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if _missing(exc) or (status is not None and status >= 500):
             return False
         raise
     return getattr(info, "sha", None) == sha
