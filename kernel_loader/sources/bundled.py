@@ -82,4 +82,15 @@ def warn_bundled(repo_id: str, why: str) -> None:
         f"(see `kernel-loader explain {repo_id}`); set KERNEL_LOADER_NO_BUNDLED=1 to forbid shipped copies."
     )
     logger.warning(message)
-    warnings.warn(message, BundledKernelWarning, stacklevel=4)
+    warnings.warn(message, BundledKernelWarning, stacklevel=_caller_stacklevel())
+
+
+def _caller_stacklevel() -> int:
+    # Point the warning at the first frame outside kernel_loader, however deep the call chain.
+    import sys
+
+    package_dir = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package_dir):
+        frame, level = frame.f_back, level + 1
+    return level

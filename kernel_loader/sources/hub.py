@@ -65,20 +65,14 @@ def _unreachable(exc: BaseException) -> bool:
 
     if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)):
         return True
-    try:
-        import httpx
-
-        if isinstance(exc, httpx.TransportError):
+    # huggingface_hub's HTTP stack varies by version (requests, httpx, httpx2): match transport
+    # failures by class name rather than importing each library.
+    for cls in type(exc).__mro__:
+        module = cls.__module__.split(".")[0]
+        if module.startswith(("httpx", "httpcore")) and cls.__name__ in ("TransportError", "NetworkError", "TimeoutException"):
             return True
-    except ImportError:
-        pass
-    try:
-        import requests
-
-        if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+        if module in ("requests", "urllib3") and cls.__name__ in ("ConnectionError", "Timeout", "NewConnectionError"):
             return True
-    except ImportError:
-        pass
     cause = exc.__cause__ or exc.__context__
     return cause is not None and cause is not exc and _unreachable(cause)
 

@@ -1,0 +1,125 @@
+"""Lock files: write from pyproject against the loopback Hub, load pinned with the server stopped,
+tamper detection, and both lock formats."""
+
+import json
+
+import pytest
+
+import kernel_loader
+from kernel_loader import cli, hashing, loader, lockfile
+from kernel_loader.errors import KernelIntegrityError, LockfileError, OfflineKernelMissingError
+from test_loader import kernel_files
+
+OTHER = "torch27-cxx11-cu118-x86_64-linux"
+
+
+@pytest.fixture(autouse=True)
+def fresh_memo():
+    loader.clear_memo()
+    yield
+    loader.clear_memo()
+
+
+@pytest.fixture(scope="module")
+def locked_repo(hub_server):
+    repo_id = hub_server.new_repo_id("locky", org="kernels-community")
+    files = {f"build/torch-universal/{k}": v for k, v in kernel_files(11, "locky").items()}
+    files.update({f"build/{OTHER}/{k}": v for k, v in kernel_files(12, "locky").items()})
+    sha = hub_server.add_repo(repo_id, files)
+    hub_server.create_branch(repo_id, "v1", sha)
+    return repo_id, sha
+
+
+def _project(tmp_path, repo_id):
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "x"\n\n[tool.kernels.dependencies]\n"{repo_id}" = 1\n')
+    return tmp_path
+
+
+def test_lock_download_load_offline_and_tamper(hub_env, hub_server, locked_repo, tmp_path, monkeypatch, capsys):
+    repo_id, sha = locked_repo
+    (tmp_path / "proj").mkdir()
+    project = _project(tmp_path / "proj", repo_id)
+    assert cli.main(["lock", str(project)]) == 0
+    lock_path = project / "kernels.lock"
+    [entry] = json.loads(lock_path.read_text())
+    assert entry["repo_id"] == repo_id and entry["sha"] == sha and entry["version"] == 1
+    assert set(entry["variants"]) == {"torch-universal", OTHER}
+    universal = entry["variants"]["torch-universal"]
+    assert universal["hash_type"] == hashing.HASH_TYPE and universal["hash"].startswith("sha256-")
+    assert universal["files"]["locky/__init__.py"].startswith("git-sha1:")
+    assert not any(hub_env.cache_dir.iterdir())  # locking downloads nothing
+
+    with pytest.raises(OfflineKernelMissingError, match="kernel-loader download --lock"):
+        kernel_loader.load_kernel(repo_id, lockfile=lock_path)
+    assert cli.main(["download", "--lock", str(lock_path)]) == 0
+
+    monkeypatch.chdir(project)  # default lockfile: ./kernels.lock
+    with hub_server.offline():
+        module = kernel_loader.load_kernel(repo_id)
+        assert module.answer() == 11
+        res = module.__kernel_resolution__
+        assert res.sha == sha and res.lockfile == str(lock_path)
+        assert "files match the lock (remembered)" in res.notes  # `download --lock` verified it already
+        loader.clear_memo()
+        again = kernel_loader.load_kernel(repo_id, lockfile=lock_path)
+        assert "files match the lock (remembered)" in again.__kernel_resolution__.notes
+        assert cli.main(["verify", "--lock", str(lock_path)]) == 0
+
+        # tamper with the cached file: refused before import, and `verify` says so
+        target = res.path / "locky" / "_impl.py"
+        target.write_text(target.read_text().replace("11", "666"))
+        loader.clear_memo()
+        with pytest.raises(KernelIntegrityError, match=r"changed: locky/_impl.py"):
+            kernel_loader.load_kernel(repo_id, lockfile=lock_path)
+        capsys.readouterr()
+        assert cli.main(["verify", "--lock", str(lock_path), "--json"]) == cli.EXIT_INTEGRITY
+        rows = json.loads(capsys.readouterr().out)["results"]
+        assert [r["status"] for r in rows] == ["MISMATCH"]
+
+
+def test_kernels_package_format_round_trip(tmp_path):
+    kernels_rust = pytest.importorskip("kernels._rust")
+    entries = [lockfile.LockEntry("kernels-community/a", "a" * 40, {}, 1, None),
+               lockfile.LockEntry("kernels-community/b", "b" * 40, {}, None, "main")]
+    path = lockfile.write_lock(entries, tmp_path / "kernels.lock", fmt="kernels")
+    parsed = kernels_rust.KernelLocks.from_json(path.read_text())  # the `kernels` package accepts it
+    assert sorted(lock.commit for lock in parsed.values()) == ["a" * 40, "b" * 40]
+    back = lockfile.read_lock(path)
+    assert [(e.repo_id, e.sha, e.version, e.revision) for e in back] == [
+        ("kernels-community/a", "a" * 40, 1, None), ("kernels-community/b", "b" * 40, None, "main")]
+
+
+def test_bad_locks_and_pyprojects(tmp_path):
+    bad = tmp_path / "kernels.lock"
+    for text, match in (("{", "not valid JSON"), ("{}", "JSON list"), ('[{"repo_id": "a/b", "sha": "xyz"}]', "40 hex"),
+                        ('[{"repo_id": "../x", "sha": "' + "a" * 40 + '"}]', "invalid repo id")):
+        bad.write_text(text)
+        with pytest.raises(LockfileError, match=match):
+            lockfile.read_lock(bad)
+    bad.write_text("[]")
+    with pytest.raises(LockfileError, match="not locked"):
+        kernel_loader.load_kernel("kernels-community/x", lockfile=bad)
+    py = tmp_path / "pyproject.toml"
+    py.write_text("[project]\nname='x'\n")
+    with pytest.raises(LockfileError, match=r"\[tool.kernels.dependencies\]"):
+        lockfile.read_dependencies(py)
+    py.write_text('[tool.kernels.dependencies]\n"a/b" = 1\n"c/d" = "v2"\n"e/f" = {revision = "main"}\n')
+    assert lockfile.read_dependencies(py) == {"a/b": 1, "c/d": "v2", "e/f": "main"}
+    py.write_text('[tool.kernels.dependencies]\n"a/b" = 1.5\n')
+    with pytest.raises(LockfileError, match="version number or a revision"):
+        lockfile.read_dependencies(py)
+
+
+def test_local_hashing_matches_hub_listing_kinds(tmp_path):
+    folder = tmp_path / "v"
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "pkg" / "__init__.py").write_text("x = 1\n")
+    (folder / "pkg" / "__pycache__").mkdir()
+    (folder / "pkg" / "__pycache__" / "junk.pyc").write_bytes(b"ignored")
+    whole, files = hashing.hash_folder(folder, {"pkg/__init__.py": "git-sha1:..."})
+    import subprocess
+
+    git_oid = subprocess.run(["git", "hash-object", str(folder / "pkg" / "__init__.py")], capture_output=True, text=True)
+    assert files == {"pkg/__init__.py": "git-sha1:" + git_oid.stdout.strip()}  # bytecode ignored
+    assert whole == hashing.combine(files)
+    assert list(hashing.hash_folder(folder)[1].values())[0].startswith("sha256:")
