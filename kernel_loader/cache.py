@@ -49,11 +49,15 @@ class CachedSnapshot:
         return self.path / "build"
 
     def variants(self) -> list[str]:
-        """Variant folders present in this snapshot (only the ones that were downloaded)."""
+        """Variants whose package was downloaded into this snapshot.
+
+        A folder holding only ``metadata.json`` (fetched to check GPU archs) does not count.
+        """
         try:
-            return sorted(p.name for p in self.build_dir.iterdir() if p.is_dir())
+            folders = [p for p in self.build_dir.iterdir() if p.is_dir()]
         except OSError:
             return []
+        return sorted(p.name for p in folders if (p / "__init__.py").is_file() or any(p.glob("*/__init__.py")))
 
 
 def _read_ref(folder: Path, revision: str) -> str | None:

@@ -238,9 +238,12 @@ def _resolve_hub(req: Request, machine: Machine) -> Resolution:
     ref_name, sha = _pick_ref(req, remote.versions(), named, f"on {constants.hf_endpoint()}")
     if ref_name == sha and not hub.commit_exists(repo_id, remote.repo_type, sha):
         raise KernelNotFoundError(f"{req.what}: commit {sha} not found on {constants.hf_endpoint()}.")
-    cached = _from_cache(req, machine, ref_name, sha, f"revision {ref_name} resolved on {constants.hf_endpoint()}")
-    if cached is not None:
-        return cached
+    # A load uses the cached copy of this sha; an explanation (download=False) lists every
+    # variant the Hub has, not just the ones fetched before.
+    if req.download:
+        cached = _from_cache(req, machine, ref_name, sha, f"revision {ref_name} resolved on {constants.hf_endpoint()}")
+        if cached is not None:
+            return cached
     names = hub.list_variants(repo_id, remote.repo_type, sha)
     res = Resolution(str(req.ref), "hub", repo_id, req.ref.revision, sha, None, None, version=req.version)
     res.machine = machine

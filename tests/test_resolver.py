@@ -139,3 +139,11 @@ def test_shipped_copy_when_hub_lacks_repo(hub_env, tmp_path, monkeypatch):
     with pytest.warns(bundled.BundledKernelWarning, match="has no kernels-community/only-shipped"):
         module = kernel_loader.get_kernel("kernels-community/only-shipped")
     assert module.answer() == 8 and module.__kernel_resolution__.source == "bundled"
+
+
+def test_explain_then_load_with_metadata_only_in_cache(hub_env, versioned):
+    repo_id = versioned["repo_id"]
+    res = kernel_loader.resolve_kernel(repo_id, version=1, download=False)  # fetches metadata.json only
+    assert res.path is None and res.variant == "torch-universal"
+    assert cache.find_snapshot(repo_id, versioned["v1"], hub_env.cache_dir).variants() == []
+    assert kernel_loader.get_kernel(repo_id, version=1).answer() == 1

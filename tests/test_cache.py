@@ -1,0 +1,54 @@
+"""The cache: layout helpers, and loading from a cache writes nothing into it."""
+
+import os
+
+import kernel_loader
+from kernel_loader import cache, loader
+from test_loader import SHA1, kernel_files, make_cache
+
+
+def _tree_state(root):
+    state = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            state[path] = (st.st_mtime_ns, st.st_size, st.st_mode)
+    return state
+
+
+def test_snapshot_lookup_refs_and_versions(tmp_path):
+    make_cache(tmp_path, "org/k", SHA1, {"torch-universal": kernel_files(1)}, refs=["v1", "main"], repo_type="kernel")
+    make_cache(tmp_path, "org/k", "2" * 40, {"torch-universal": kernel_files(2)}, refs=["v2"], repo_type="model")
+    assert cache.find_snapshot("org/k", "v1", tmp_path).repo_type == "kernel"
+    assert cache.find_snapshot("org/k", "v2", tmp_path).sha == "2" * 40
+    assert cache.find_snapshot("org/k", "3" * 40, tmp_path) is None
+    assert cache.find_snapshot("org/k", "../../etc", tmp_path) is None
+    assert cache.cached_versions("org/k", tmp_path) == {1: SHA1, 2: "2" * 40}
+    assert [r.repo_id for r in cache.list_cached(tmp_path)] == ["org/k", "org/k"]
+    assert cache.is_sha(SHA1) and not cache.is_sha("v1") and not cache.is_sha(None)
+
+
+def test_loading_from_a_read_only_cache_writes_nothing(tmp_path, monkeypatch):
+    root = tmp_path / "shared-cache"
+    make_cache(root, "kernels-community/ro", SHA1, {"torch-universal": kernel_files(31, "ro")}, refs=["v1"])
+    monkeypatch.setenv("KERNEL_LOADER_CACHE", str(root))
+    monkeypatch.setenv("KERNEL_LOADER_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr("sys.dont_write_bytecode", True)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chmod(os.path.join(folder, name), 0o555 if name in dirs else 0o444)
+    os.chmod(root, 0o555)
+    before = _tree_state(root)
+    loader.clear_memo()
+    try:
+        assert kernel_loader.get_kernel("kernels-community/ro", version=1).answer() == 31
+        assert kernel_loader.get_kernel("kernels-community/ro", SHA1).answer() == 31
+    finally:
+        loader.clear_memo()
+        after = _tree_state(root)
+        for folder, dirs, files in os.walk(root):
+            os.chmod(folder, 0o755)
+    assert after == before
