@@ -222,14 +222,21 @@ def choose_num_splits(programs: int, capacity: int, device: torch.device,
 
 
 def _config(head_dim: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for this head dim and device."""
+    """(BLOCK_N, num_warps, num_stages) for this head dim and device.
+
+    Measured on an H200 (bench/results/decode-2026-11-29*.json, d=128, 32k context): 64 keys x
+    4 stages read 4.4 TB/s contiguous and paged; 3 stages or 128 keys were as fast on one
+    layout but fell to 3.6-3.8 TB/s on the other. Deep pipelines need the 164-228 KB of shared
+    memory of sm80/sm90; other GPUs (about 100 KB) get 2 stages.
+    """
     if device.type != "cuda":
         return 16, 1, 1
+    big_smem = torch.cuda.get_device_capability(device) in ((8, 0), (9, 0))
     if head_dim <= 64:
-        return 128, 4, 3
+        return 128, 4, 4 if big_smem else 2
     if head_dim <= 128:
-        return 64, 4, 3
-    return 32, 4, 2
+        return 64, 4, 4 if big_smem else 2
+    return 32, 4, 3 if big_smem else 2
 
 
 def decode_attention(
