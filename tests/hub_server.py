@@ -138,6 +138,23 @@ def find_olah() -> Path:
     )
 
 
+def reset_hub_sessions() -> None:
+    """Drop huggingface_hub's cached HTTP sessions, if it is imported.
+
+    Its sessions pool keep-alive connections and, in 0.x, bake in HF_HUB_OFFLINE when created:
+    after a server restart or an offline switch a fresh session must be made.
+    """
+    hub = sys.modules.get("huggingface_hub")
+    if hub is None:
+        return
+    if hasattr(hub, "close_session"):  # huggingface_hub >= 1 (httpx)
+        hub.close_session()
+    else:  # huggingface_hub 0.x (requests)
+        from huggingface_hub.utils import reset_sessions
+
+        reset_sessions()
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -284,12 +301,7 @@ class HubServer:
                 proc.wait(timeout=10)
         # huggingface_hub keeps pooled keep-alive connections; drop them so the first request
         # after a restart does not land on a dead socket.
-        hub = sys.modules.get("huggingface_hub")
-        if hub is not None:
-            if hasattr(hub, "close_session"):  # huggingface_hub >= 1 (httpx)
-                hub.close_session()
-            elif hasattr(hub.utils, "reset_sessions"):  # huggingface_hub 0.x (requests)
-                hub.utils.reset_sessions()
+        reset_hub_sessions()
 
     @contextlib.contextmanager
     def offline(self) -> Iterator[None]:
@@ -505,6 +517,7 @@ class HubEnv:
         import huggingface_hub.constants as hf_constants
 
         self.monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", offline)
+        reset_hub_sessions()
 
 
 @pytest.fixture(scope="session")
@@ -532,7 +545,7 @@ def hub_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
 
 
 @pytest.fixture
-def hub_env(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HubEnv:
+def hub_env(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubEnv]:
     """Environment pointing at ``hub_server`` with fresh caches (see the module docstring)."""
     if not hub_server.running:
         hub_server.start()
@@ -573,4 +586,8 @@ def hub_env(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_home / "hub"))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf_api.api, "endpoint", hub_server.endpoint)
-    return HubEnv(hub_server, hub_server.endpoint, cache_dir, hf_home, monkeypatch)
+    reset_hub_sessions()
+    yield HubEnv(hub_server, hub_server.endpoint, cache_dir, hf_home, monkeypatch)
+    # Restore the variables before dropping sessions, so no later test inherits an offline one.
+    monkeypatch.undo()
+    reset_hub_sessions()
