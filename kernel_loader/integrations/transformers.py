@@ -334,36 +334,49 @@ def _kernel_loader_backend(name: str, trust: bool) -> tuple[Callable[..., Any], 
     from kernel_loader.attention import kernel_backends
 
     if name not in ALL_ATTENTION_FUNCTIONS:
-        register = kernel_backends.register_kernel_backend
-        if trust and "trust_remote_code" in inspect.signature(register).parameters:
-            register(name, trust_remote_code=True)
-        else:
-            register(name)
+        # transformers' allow_all_kernels=True is the user's consent to run code from any org.
+        kernel_backends.register_kernel_backend(name, **({"trust_remote_code": True} if trust else {}))
     return ALL_ATTENTION_FUNCTIONS[name], ALL_MASK_ATTENTION_FUNCTIONS[name]
 
 
-def _flash_fallback(state: _State, requested: str, trust: bool) -> str:
-    """Resolve ``flash_attention_2`` / ``flash_attention_3`` (``flash_attn`` absent) to a kernel.
+def _flash_fallback(state: _State, requested: str, trust: bool) -> str | None:
+    """Resolve ``flash_attention_2`` / ``flash_attention_3`` (package unusable) to a kernel.
 
-    Returns the kernel id now registered in transformers (what the model's config will hold,
-    as transformers does when the ``kernels`` package provides the fallback).
+    Walks kernel_loader's fallback chain (Hub kernel, then the shipped copy) and returns the
+    kernel id now registered in transformers -- what the model's config will hold, as when the
+    ``kernels`` package provides transformers' fallback. None when the chain picked the
+    FlashAttention package itself (transformers then uses it natively).
+
+    Raises:
+        KernelNotFoundError: no option of the chain is usable here (the message holds every reason).
     """
     from kernel_loader.attention import fallback
+    from kernel_loader.attention.flash import make_flash_attention
+    from kernel_loader.attention.mask_formatters import flash_attention_mask
 
     wrapper, base = _split_wrapper(requested)
-    choice = fallback.resolve_flash_fallback(base)
-    name = choice.kernel_id if wrapper is None else f"{wrapper}|{choice.kernel_id}"
-    attention, mask = _kernel_loader_backend(name, trust) if wrapper else (choice.attention, choice.mask)
+    module = fallback.flash_chain_kernel(base)
+    resolution = getattr(module, "__kernel_resolution__", None)
+    repo_id = getattr(resolution, "repo_id", None)
+    if repo_id is None:
+        return None  # the flash_attn / flash_attn_interface package: transformers' own path
+    if wrapper is None:
+        name = repo_id
+        attention, mask = make_flash_attention(module, name), flash_attention_mask
+    else:
+        name = f"{wrapper}|{repo_id}"
+        attention, mask = _kernel_loader_backend(name, trust)
     _register_in_transformers(state, name, attention, mask)
     state.flash_kernels.add(name)
     if state.routes.get(requested) != name:
         logger.warning(
-            "%s was requested but the %s package is not usable here; transformers will use %s through "
-            "kernel_loader instead (%s).",
+            "attn_implementation=%r: the %s package is not usable here, so transformers will use %s (source: %s) "
+            "through kernel_loader. `kernel-loader explain %s` shows the whole fallback chain.",
             requested,
-            "flash_attn" if base.endswith("2") else "flash_attn_interface (FlashAttention 3)",
+            "flash_attn" if base.endswith("2") else "flash_attn_interface",
             name,
-            choice.explanation,
+            getattr(resolution, "source", "?"),
+            base,
         )
     state.routes[requested] = name
     return name
@@ -384,7 +397,15 @@ def _route(state: _State, model: Any, requested: Any, trust: bool) -> str | None
         return None
     from kernel_loader.refs import looks_like_kernel_ref
 
-    _, base = _split_wrapper(requested)
+    wrapper, base = _split_wrapper(requested)
+    compatible = getattr(model, "_compatible_flash_implementations", None) if model is not None else None
+    if compatible and "flash" in base and base not in compatible:
+        # transformers 5.x rule: a model that lists the FlashAttention kernels it works with gets
+        # the first of them instead of another flash implementation.
+        logger.warning("%s works with %s only; using %s instead of %s.", type(model).__name__, compatible, compatible[0], base)
+        base = compatible[0]
+        requested = base if wrapper is None else f"{wrapper}|{base}"
+        trust = True  # listed by the model's authors, as transformers treats it
     if base in _FLASH_NAMES:
         if _flash_package_usable(base):
             return None  # the real package is there: transformers uses it natively
