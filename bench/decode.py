@@ -320,8 +320,8 @@ def write_results(rows: list[dict], out_dir: Path, stem: str, extra: dict | None
                                                             indent=1))
     lines = [f"# Decode attention, {meta['gpu']}, {date}", "",
              f"{meta['shape']}; torch {meta['torch']}, triton {meta['triton']}.",
-             f"Command: `{meta['command']}`. TB/s of K+V read; CUDA-graph median (eager in "
-             f"the eager column); error vs float32 reference.", "",
+             f"Command: `{meta['command']}`. TB/s of K+V read; CUDA-graph median, timed twice; "
+             f"eager median beside it; error vs float32 reference.", "",
              "| ctx | impl | TB/s (1st / 2nd timing) | TB/s eager | ms | rel err |",
              "|---|---|---|---|---|---|"]
     for r in rows:
