@@ -253,7 +253,7 @@ def _warn_once(key: str, message: str, category: type[Warning] = UserWarning) ->
     if key in _warned:
         return
     _warned.add(key)
-    logger.warning(message)
+    logger.debug(message)
     warnings.warn(message, category, stacklevel=4)
 
 
