@@ -289,13 +289,14 @@ def test_empty_rows_give_zero_and_inf_lse(path: str):
 
 
 def test_num_splits_do_not_change_the_result(path: str):
+    """1 split, several, and more splits than key blocks (empty slices) agree."""
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
     q = torch.randn(3, 1, 8, 32, generator=gen)
     k_cache = torch.randn(3, 120, 2, 32, generator=gen)
     v_cache = torch.randn(3, 120, 2, 32, generator=gen)
     lens = torch.tensor([120, 1, 77], dtype=torch.int32)
     results = [flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,
-                                       num_splits=n, return_softmax_lse=True) for n in (1, 3, 16)]
+                                       num_splits=n, return_softmax_lse=True) for n in (1, 3, 11)]
     for out, lse in results[1:]:
         assert torch.allclose(out, results[0][0], atol=1e-5)
         assert torch.allclose(lse, results[0][1], atol=1e-5)
@@ -318,9 +319,16 @@ def test_argument_errors_name_the_problem():
                                 cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32))
     with pytest.raises(ValueError, match="needs cache_seqlens"):
         flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new)
-    with pytest.raises(ValueError, match="overflows the cache"):
-        flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new,
-                                cache_seqlens=torch.tensor([3, 16], dtype=torch.int32))
+    for bad in (torch.tensor([3, 16], dtype=torch.int32), 16, torch.tensor([-1, 2])):
+        with pytest.raises(ValueError, match=r"cache_seqlens must lie in 0\.\.15"):
+            flash_attn_with_kvcache(q, cache, cache.clone(), k=new, v=new, cache_seqlens=bad)
+    with pytest.raises(ValueError, match=r"cache_seqlens must lie in 0\.\.16"):
+        flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=17)
+    with pytest.raises(ValueError, match=r"block_table entries must lie in 0\.\.1"):
+        flash_attn_with_kvcache(q, cache, cache, block_table=table + 2, cache_seqlens=lens)
+    with pytest.raises(ValueError, match=r"cache_batch_idx entries must lie in 0\.\.1"):
+        flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens,
+                                cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="both k and v"):
         flash_attn_with_kvcache(q, cache, cache.clone(), k=new, cache_seqlens=lens)
     with pytest.raises(ValueError, match="q is torch.float16"):

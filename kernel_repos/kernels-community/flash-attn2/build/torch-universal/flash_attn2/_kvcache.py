@@ -206,8 +206,8 @@ def flash_attn_with_kvcache(
         no key gets out 0 and LSE +inf.
 
     Raises:
-        ValueError: shapes, dtypes or devices that do not fit together, a cache too small for the
-            appended keys (checked on CPU tensors), rotary tables without new k/v.
+        ValueError: shapes, dtypes or devices that do not fit together, cache_seqlens outside
+            the cache (an int always, a tensor when on the CPU), rotary tables without new k/v.
             Also float32 on the GPU kernels (as flash-attn; cast to bf16/fp16).
         NotImplementedError: bfloat16 under ``TRITON_INTERPRET=1``.
     """
@@ -249,6 +249,29 @@ def flash_attn_with_kvcache(
             )
         lens = cache_seqlens.to(device=device, dtype=torch.int32)
         uniform_len = 0
+    # The kernel trusts these lengths (reading past them reads another row or unmapped memory);
+    # checking a device tensor would cost a sync per decode step, so only CPU tensors are.
+    if lens is None:
+        longest, shortest = uniform_len, uniform_len
+    elif device.type == "cpu" and batch > 0:
+        longest, shortest = int(lens.max()), int(lens.min())
+    else:
+        longest, shortest = 0, 0
+    if device.type == "cpu":
+        for name, index, limit in (("block_table", block_table, k_cache.shape[0]),
+                                   ("cache_batch_idx", cache_batch_idx, k_cache.shape[0])):
+            if index is not None and index.numel() and not (0 <= int(index.min())
+                                                           and int(index.max()) < limit):
+                raise ValueError(
+                    f"flash_attn_with_kvcache: {name} entries must lie in 0..{limit - 1} (the "
+                    f"cache's first dimension); got {int(index.min())}..{int(index.max())}"
+                )
+    if shortest < 0 or longest + seqlen_new > capacity:
+        raise ValueError(
+            f"flash_attn_with_kvcache: cache_seqlens must lie in 0..{capacity - seqlen_new} "
+            f"(cache of {capacity} slots per row, {seqlen_new} new keys); got "
+            f"{shortest}..{longest}"
+        )
 
     if rotary_cos is not None or rotary_sin is not None:
         if rotary_cos is None or rotary_sin is None or k is None:
@@ -286,13 +309,6 @@ def flash_attn_with_kvcache(
         start = lens.long() if lens is not None else torch.full((batch,), uniform_len,
                                                                 device=device, dtype=torch.long)
         positions = start.view(-1, 1) + torch.arange(seqlen_new, device=device).view(1, -1)
-        # A device-side check would cost a sync per decode step; on the GPU an out-of-range
-        # slot trips an indexing assert instead.
-        if device.type == "cpu" and int(positions.max()) >= capacity:
-            raise ValueError(
-                f"flash_attn_with_kvcache: appending {seqlen_new} keys at cache_seqlens up to "
-                f"{int(start.max())} overflows the cache ({capacity} slots per row)"
-            )
         dim0, dim1 = _cache_slots(positions, block_table, page_size, rows)
         k_cache[dim0, dim1] = k
         v_cache[dim0, dim1] = v
