@@ -119,6 +119,42 @@ def _check_args(
         raise ValueError(f"flash_attn_with_kvcache: num_splits must be >= 0; got {num_splits}")
 
 
+def _check_ranges(
+    lens: Optional[torch.Tensor],
+    uniform_len: int,
+    seqlen_new: int,
+    capacity: int,
+    block_table: Optional[torch.Tensor],
+    cache_batch_idx: Optional[torch.Tensor],
+    cache_rows: int,
+    device: torch.device,
+) -> None:
+    """Lengths and indices the kernel trusts (reading past them reads another row or unmapped
+    memory). Checking a device tensor would cost a sync per decode step, so only an int length
+    and CPU tensors are checked."""
+    if lens is None:
+        longest, shortest = uniform_len, uniform_len
+    elif device.type == "cpu" and lens.numel():
+        longest, shortest = int(lens.max()), int(lens.min())
+    else:
+        longest, shortest = 0, 0
+    if shortest < 0 or longest + seqlen_new > capacity:
+        raise ValueError(
+            f"flash_attn_with_kvcache: cache_seqlens must lie in 0..{capacity - seqlen_new} "
+            f"(cache of {capacity} slots per row, {seqlen_new} new keys); got "
+            f"{shortest}..{longest}"
+        )
+    if device.type != "cpu":
+        return
+    for name, index in (("block_table", block_table), ("cache_batch_idx", cache_batch_idx)):
+        if index is not None and index.numel() and not (0 <= int(index.min())
+                                                       and int(index.max()) < cache_rows):
+            raise ValueError(
+                f"flash_attn_with_kvcache: {name} entries must lie in 0..{cache_rows - 1} (the "
+                f"cache's first dimension); got {int(index.min())}..{int(index.max())}"
+            )
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     """Rotary embedding of the first ``2 * cos.shape[-1]`` dims of ``x`` [B, S, H, D].
 
@@ -138,6 +174,53 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: 
         x1, x2 = xf[..., : rot // 2], xf[..., rot // 2:]
         rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
     return torch.cat((rotated.to(x.dtype), x[..., rot:]), dim=-1)
+
+
+def _apply_rotary(
+    q: torch.Tensor,
+    k: Optional[torch.Tensor],
+    rotary_cos: Optional[torch.Tensor],
+    rotary_sin: Optional[torch.Tensor],
+    lens: Optional[torch.Tensor],
+    uniform_len: int,
+    windowed: bool,
+    interleaved: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotated copies of q and the new k, at flash-attn's positions (see the public docstring).
+
+    Raises ValueError for tables without new k/v, of the wrong shape, or (CPU) too short.
+    """
+    batch, seqlen_q, _, dim = q.shape
+    device = q.device
+    if rotary_cos is None or rotary_sin is None or k is None:
+        raise ValueError(
+            "flash_attn_with_kvcache: rotary needs rotary_cos, rotary_sin and new k/v to rotate"
+        )
+    if rotary_cos.shape != rotary_sin.shape or rotary_cos.dim() != 2 \
+            or 2 * rotary_cos.shape[1] > dim:
+        raise ValueError(
+            f"flash_attn_with_kvcache: rotary_cos/sin must both be [seqlen_ro, rotary_dim/2] "
+            f"with rotary_dim <= head_dim ({dim}); got {tuple(rotary_cos.shape)} and "
+            f"{tuple(rotary_sin.shape)}"
+        )
+    base = lens.long() if lens is not None else torch.full((batch,), uniform_len,
+                                                           device=device, dtype=torch.long)
+    seqlen_new = k.shape[1]
+    k_pos = base.view(-1, 1) + torch.arange(seqlen_new, device=device).view(1, -1)
+    if windowed:
+        q_pos = base.view(-1, 1) + torch.arange(seqlen_q, device=device).view(1, -1)
+    else:
+        q_pos = base.view(-1, 1).expand(batch, seqlen_q)
+    if device.type == "cpu" and batch > 0:
+        needed = max(int(k_pos.max()) if seqlen_new else 0,
+                     int(q_pos.max()) if seqlen_q else 0)
+        if needed >= rotary_cos.shape[0]:
+            raise ValueError(
+                f"flash_attn_with_kvcache: rotary tables have {rotary_cos.shape[0]} positions "
+                f"but position {needed} is needed"
+            )
+    return (_rotate(q, rotary_cos[q_pos], rotary_sin[q_pos], interleaved),
+            _rotate(k, rotary_cos[k_pos], rotary_sin[k_pos], interleaved))
 
 
 def _cache_slots(
@@ -249,62 +332,18 @@ def flash_attn_with_kvcache(
             )
         lens = cache_seqlens.to(device=device, dtype=torch.int32)
         uniform_len = 0
-    # The kernel trusts these lengths (reading past them reads another row or unmapped memory);
-    # checking a device tensor would cost a sync per decode step, so only CPU tensors are.
-    if lens is None:
-        longest, shortest = uniform_len, uniform_len
-    elif device.type == "cpu" and batch > 0:
-        longest, shortest = int(lens.max()), int(lens.min())
-    else:
-        longest, shortest = 0, 0
-    if device.type == "cpu":
-        for name, index, limit in (("block_table", block_table, k_cache.shape[0]),
-                                   ("cache_batch_idx", cache_batch_idx, k_cache.shape[0])):
-            if index is not None and index.numel() and not (0 <= int(index.min())
-                                                           and int(index.max()) < limit):
-                raise ValueError(
-                    f"flash_attn_with_kvcache: {name} entries must lie in 0..{limit - 1} (the "
-                    f"cache's first dimension); got {int(index.min())}..{int(index.max())}"
-                )
-    if shortest < 0 or longest + seqlen_new > capacity:
-        raise ValueError(
-            f"flash_attn_with_kvcache: cache_seqlens must lie in 0..{capacity - seqlen_new} "
-            f"(cache of {capacity} slots per row, {seqlen_new} new keys); got "
-            f"{shortest}..{longest}"
-        )
+    _check_ranges(lens, uniform_len, seqlen_new, capacity, block_table, cache_batch_idx,
+                  k_cache.shape[0], device)
 
     if rotary_cos is not None or rotary_sin is not None:
-        if rotary_cos is None or rotary_sin is None or k is None:
-            raise ValueError(
-                "flash_attn_with_kvcache: rotary needs rotary_cos, rotary_sin and new k/v to rotate"
-            )
-        if rotary_cos.shape != rotary_sin.shape or rotary_cos.dim() != 2 \
-                or 2 * rotary_cos.shape[1] > dim:
-            raise ValueError(
-                f"flash_attn_with_kvcache: rotary_cos/sin must both be [seqlen_ro, rotary_dim/2] "
-                f"with rotary_dim <= head_dim ({dim}); got {tuple(rotary_cos.shape)} and "
-                f"{tuple(rotary_sin.shape)}"
-            )
-        base = lens.long() if lens is not None else torch.full((batch,), uniform_len,
-                                                               device=device, dtype=torch.long)
-        k_pos = base.view(-1, 1) + torch.arange(seqlen_new, device=device).view(1, -1)
-        if causal or left >= 0 or right >= 0:
-            q_pos = base.view(-1, 1) + torch.arange(seqlen_q, device=device).view(1, -1)
-        else:
-            q_pos = base.view(-1, 1).expand(batch, seqlen_q)
-        if device.type == "cpu" and batch > 0:
-            needed = max(int(k_pos.max()) if seqlen_new else 0,
-                         int(q_pos.max()) if seqlen_q else 0)
-            if needed >= rotary_cos.shape[0]:
-                raise ValueError(
-                    f"flash_attn_with_kvcache: rotary tables have {rotary_cos.shape[0]} positions "
-                    f"but position {needed} is needed"
-                )
-        q = _rotate(q, rotary_cos[q_pos], rotary_sin[q_pos], rotary_interleaved)
-        k = _rotate(k, rotary_cos[k_pos], rotary_sin[k_pos], rotary_interleaved)
+        q, k = _apply_rotary(q, k, rotary_cos, rotary_sin, lens, uniform_len,
+                             causal or left >= 0 or right >= 0, rotary_interleaved)
 
-    rows = (cache_batch_idx.long() if cache_batch_idx is not None
-            else torch.arange(batch, device=device))
+    rows = None  # cache row of each batch entry; only the append and the PyTorch path need it
+    if cache_batch_idx is not None:
+        rows = cache_batch_idx.long()
+    elif k is not None or backend == "torch":
+        rows = torch.arange(batch, device=device)
     if k is not None and seqlen_new > 0:
         start = lens.long() if lens is not None else torch.full((batch,), uniform_len,
                                                                 device=device, dtype=torch.long)
@@ -313,10 +352,7 @@ def flash_attn_with_kvcache(
         k_cache[dim0, dim1] = k
         v_cache[dim0, dim1] = v
 
-    if lens is not None:
-        total_lens: Optional[torch.Tensor] = lens + seqlen_new
-    else:
-        total_lens = None
+    total_lens = lens + seqlen_new if lens is not None and seqlen_new else lens
     total_uniform = uniform_len + seqlen_new
     leftpad = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
     slopes = alibi_slopes.to(torch.float32) if alibi_slopes is not None else None
