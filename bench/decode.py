@@ -187,10 +187,13 @@ def run(out_dir: str | os.PathLike | None = None) -> list[dict]:
         ref = _reference(inp)
         kv_bytes = 2 * BATCH * ctx * HEADS_KV * HEAD_DIM * 2
 
+        outputs: dict[str, torch.Tensor] = {}
+
         def record(name: str, fn: Callable[[], torch.Tensor], note: str = "") -> None:
             try:
                 out = fn()
                 torch.cuda.synchronize()
+                outputs[name] = out.reshape(ref.shape).float()
                 err = _rel_err(out.reshape(ref.shape), ref)
                 times = _time(fn)
             except Exception as exc:
@@ -247,7 +250,13 @@ def run(out_dir: str | os.PathLike | None = None) -> list[dict]:
             return out.transpose(1, 2)
         record("sdpa efficient (K/V x4)", sdpa_efficient_expanded,
                note="K/V materialised at 32 heads; it reads 4x the bytes")
-        del inp, qs, ks, vs, ke, ve
+        # Ours against SDPA cuDNN directly (both bf16 on the same values).
+        if "sdpa cudnn" in outputs:
+            for row in rows:
+                if row["ctx"] == ctx and row["impl"] in outputs and row["impl"].startswith("ours"):
+                    row["rel_diff_vs_sdpa_cudnn"] = _rel_err(outputs[row["impl"]],
+                                                             outputs["sdpa cudnn"])
+        del inp, qs, ks, vs, ke, ve, outputs
         torch.cuda.empty_cache()
     if out_dir is not None:
         write_results(rows, Path(out_dir), "decode")
