@@ -35,6 +35,7 @@ PACKAGE_DIR = (REPO_ROOT / "kernel_repos" / "kernels-community" / "flash-attn2" 
 BATCH, HEADS_Q, HEADS_KV, HEAD_DIM, PAGE = 32, 32, 8, 128, 256
 CONTEXTS = (4096, 32768)
 TOLERANCE = 1e-2
+DEVICE = "cuda"  # a CPU smoke run of the script's plumbing sets "cpu" (TRITON_INTERPRET=1)
 
 
 def load_package():
@@ -64,7 +65,7 @@ def _time(fn: Callable[[], object]) -> dict:
 
 
 def _inputs(ctx: int, gen: torch.Generator) -> dict:
-    dev = "cuda"
+    dev = DEVICE
     q = torch.randn(BATCH, 1, HEADS_Q, HEAD_DIM, device=dev, dtype=torch.bfloat16, generator=gen)
     k = torch.randn(BATCH, ctx, HEADS_KV, HEAD_DIM, device=dev, dtype=torch.bfloat16,
                     generator=gen)
@@ -180,7 +181,7 @@ def run(out_dir: str | os.PathLike | None = None) -> list[dict]:
 
     pkg = load_package()
     fa = pkg.flash_attn_with_kvcache
-    gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
+    gen = torch.Generator(device=DEVICE).manual_seed(int(time.time()))
     rows: list[dict] = []
     for ctx in CONTEXTS:
         inp = _inputs(ctx, gen)
@@ -271,7 +272,7 @@ def sweep(budget_s: float = 60.0, ctx: int = CONTEXTS[-1], splits_list=(1, 2, 4,
     """Tile / split variants of the Triton kernel, contiguous and paged (best first)."""
     pkg = load_package()
     decode = importlib.import_module(pkg.__name__ + "._triton_decode")
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
     inp = _inputs(ctx, gen)
     ref = _reference(inp)
     kv_bytes = 2 * BATCH * ctx * HEADS_KV * HEAD_DIM * 2
