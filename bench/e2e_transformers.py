@@ -1,0 +1,326 @@
+"""End-to-end transformers benchmark: a Llama-architecture model on kernel_loader's kernel.
+
+One run, one model (Llama-3.2-1B shape: hidden 2048, 16 layers, 32 query / 8 key-value heads of
+64, vocab 128256; 1.24 B parameters, random weights, bf16), switched between attention
+implementations with ``set_attn_implementation`` so every row uses the same weights:
+
+* ``kernels-community/flash-attn2`` through the transformers bridge (the shipped Triton kernel),
+* ``flash_attention_2`` through the bridge (``flash_attn`` absent: the fallback chain, same kernel),
+* ``sdpa`` (PyTorch picks the backend),
+* ``sdpa`` pinned to PyTorch's FlashAttention-2 backend (``sdpa_kernel(FLASH_ATTENTION)``).
+
+Prefill: ``model(ids, use_cache=True, logits_to_keep=1)`` on 8 x 2048 tokens (median of 5 after
+2 warm-ups). Decode: greedy ``generate`` of 256 new tokens after the same prompt (min_new_tokens
+forces all 256); decode tokens/s = 8 * 256 / (generate time - prefill time). Before timing, the
+bridge's bf16 parity on the GPU: last hidden states of small Llama / Qwen2 (sliding window) /
+Gemma2 (softcap) models and of the 1B model vs sdpa (Gemma2: eager) on non-padded positions of a
+left-padded batch, with the tolerance transformers' FlashAttention tests use (atol = rtol = 4e-2),
+and greedy tokens of the small Llama.
+
+    PYTHONPATH=. python3 bench/e2e_transformers.py [out_dir]           # on the GPU machine
+    PYTHONPATH=. python3 bench/e2e_transformers.py /tmp/out --smoke    # tiny sizes, any machine
+
+``run(out_dir)`` does the same and returns the result dict (the lead's combined GPU run calls it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+KERNEL = "kernels-community/flash-attn2"
+PARITY_TOL = 4e-2  # transformers' FlashAttention-vs-sdpa tests, bf16
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+FULL = dict(batch=8, prompt=2048, new_tokens=256, warmup=2, reps=5, parity_seq=256, big_parity=(2, 512))
+SMOKE = dict(batch=2, prompt=64, new_tokens=8, warmup=1, reps=2, parity_seq=32, big_parity=(2, 32))
+
+
+def _big_config(transformers: Any, smoke: bool) -> Any:
+    if smoke:
+        return transformers.LlamaConfig(
+            vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, max_position_embeddings=256, pad_token_id=0, eos_token_id=2,
+        )
+    return transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, max_position_embeddings=8192, rope_theta=500000.0,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+
+
+def _small_configs(transformers: Any) -> dict[str, tuple[Any, Any, str]]:
+    common = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0)
+    return {
+        "llama": (transformers.LlamaConfig(**common), transformers.LlamaForCausalLM, "sdpa"),
+        "qwen2-sliding": (
+            transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=64, max_window_layers=0,
+                                     layer_types=["sliding_attention", "full_attention"]),
+            transformers.Qwen2ForCausalLM, "sdpa",
+        ),
+        "gemma2-softcap": (
+            transformers.Gemma2Config(**common, head_dim=64, query_pre_attn_scalar=64, sliding_window=64,
+                                      attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+            transformers.Gemma2ForCausalLM, "eager",
+        ),
+    }
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[], Any], device: str) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _left_padded(batch: int, seq: int, vocab: int, device: str, seed: int = 1) -> tuple[Any, Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, seq), generator=gen)
+    mask = torch.ones_like(ids)
+    for row in range(1, batch):
+        mask[row, : (seq // 4) * row // max(batch - 1, 1)] = 0
+    return ids.masked_fill(mask == 0, 0).to(device), mask.to(device)
+
+
+def _hidden(model: Any, ids: Any, mask: Any) -> Any:
+    import torch
+
+    with torch.no_grad():
+        return model.model(ids, attention_mask=mask).last_hidden_state
+
+
+def _compare(actual: Any, expected: Any, mask: Any) -> dict[str, Any]:
+    import torch
+
+    a, e = actual[mask.bool()].float(), expected[mask.bool()].float()
+    diff = (a - e).abs()
+    return {
+        "max_abs_diff": diff.max().item(),
+        "mean_abs_diff": diff.mean().item(),
+        "rel_err": (torch.linalg.vector_norm(a - e) / torch.linalg.vector_norm(e)).item(),
+        "within_tol": bool(torch.allclose(a, e, atol=PARITY_TOL, rtol=PARITY_TOL)),
+    }
+
+
+def parity_checks(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]) -> dict[str, Any]:
+    """bf16 parity of the bridge vs sdpa/eager on small models (hidden states and greedy tokens)."""
+    import torch
+
+    results: dict[str, Any] = {}
+    for name, (config, cls, reference) in _small_configs(transformers).items():
+        torch.manual_seed(0)
+        with torch.device(device):
+            ref = cls._from_config(config, attn_implementation=reference, dtype=dtype).eval()
+        ours = cls._from_config(config.__class__(**config.to_dict()), attn_implementation=KERNEL, dtype=dtype)
+        ours = ours.to(device).eval()
+        ours.load_state_dict(ref.state_dict())
+        ids, mask = _left_padded(4, sizes["parity_seq"], config.vocab_size, device)
+        start = time.perf_counter()
+        row = _compare(_hidden(ours, ids, mask), _hidden(ref, ids, mask), mask)
+        row["first_forward_s"] = round(time.perf_counter() - start, 3)
+        row["reference"] = reference
+        row["config_attn_implementation"] = ours.config._attn_implementation
+        if name == "llama":
+            kwargs = dict(attention_mask=mask, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+            with torch.no_grad():
+                same = torch.equal(ours.generate(ids, **kwargs), ref.generate(ids, **kwargs))
+            row["greedy_16_tokens_identical"] = bool(same)
+        results[name] = row
+        del ref, ours
+    return results
+
+
+@contextlib.contextmanager
+def _sdpa_flash_only():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        yield
+
+
+def bench_rows(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any], smoke: bool) -> dict[str, Any]:
+    import torch
+
+    config = _big_config(transformers, smoke)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+    params = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(3, config.vocab_size, (sizes["batch"], sizes["prompt"]), generator=gen).to(device)
+    mask = torch.ones_like(ids)
+
+    # parity of the big model, bridge vs sdpa, on a left-padded batch
+    pb, ps = sizes["big_parity"]
+    pids, pmask = _left_padded(pb, ps, config.vocab_size, device, seed=3)
+    expected = _hidden(model, pids, pmask)
+    model.set_attn_implementation(KERNEL)
+    big_parity = _compare(_hidden(model, pids, pmask), expected, pmask)
+    model.set_attn_implementation("sdpa")
+    del expected
+
+    rows = {}
+    variants: list[tuple[str, str, Callable[[], Any]]] = [
+        (KERNEL + " (bridge)", KERNEL, contextlib.nullcontext),
+        ("flash_attention_2 (bridge fallback)", "flash_attention_2", contextlib.nullcontext),
+        ("sdpa", "sdpa", contextlib.nullcontext),
+        ("sdpa, FlashAttention-2 backend", "sdpa", _sdpa_flash_only),
+    ]
+    for label, impl, context in variants:
+        row: dict[str, Any] = {"attn_implementation": impl}
+        try:
+            model.set_attn_implementation(impl)
+            row["config_attn_implementation"] = model.config._attn_implementation
+            with context(), torch.no_grad():
+                def prefill() -> Any:
+                    return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
+                row["first_prefill_s"] = round(_timed(prefill, device), 3)
+                for _ in range(sizes["warmup"]):
+                    prefill()
+                times = sorted(_timed(prefill, device) for _ in range(sizes["reps"]))
+                prefill_s = times[len(times) // 2]
+
+                def decode() -> Any:
+                    return model.generate(
+                        ids, attention_mask=mask, max_new_tokens=sizes["new_tokens"],
+                        min_new_tokens=sizes["new_tokens"], do_sample=False, pad_token_id=0,
+                    )
+
+                decode()  # warm-up: decode-path compilation
+                generate_s = min(_timed(decode, device) for _ in range(2))
+            tokens = sizes["batch"] * sizes["prompt"]
+            new = sizes["batch"] * sizes["new_tokens"]
+            row.update(
+                prefill_ms=round(prefill_s * 1e3, 2),
+                prefill_tokens_per_s=round(tokens / prefill_s),
+                generate_s=round(generate_s, 3),
+                decode_tokens_per_s=round(new / max(generate_s - prefill_s, 1e-9)),
+                decode_ms_per_step=round((generate_s - prefill_s) / sizes["new_tokens"] * 1e3, 3),
+            )
+        except Exception as exc:  # a refused backend is a result, not a crash of the whole run
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        rows[label] = row
+        print(f"  {label}: {row}", flush=True)
+    return {"params": params, "config": {k: getattr(config, k) for k in (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "vocab_size")}, "big_model_parity": big_parity, "rows": rows}
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    env, sizes, bench = result["environment"], result["sizes"], result["bench"]
+    lines = [
+        f"# transformers end to end: kernel_loader bridge vs sdpa ({env['device']}, {result['date']})",
+        "",
+        f"Llama architecture, {bench['params'] / 1e9:.2f} B parameters ({bench['config']}), random weights, "
+        f"{result['dtype']}; batch {sizes['batch']} x {sizes['prompt']} prompt tokens, {sizes['new_tokens']} new "
+        f"tokens (greedy, all forced). torch {env['torch']}, triton {env['triton']}, transformers "
+        f"{env['transformers']}, commit {env['commit']}. Command: `{result['command']}`.",
+        "",
+        "| attention | prefill ms | prefill tok/s | generate s | decode tok/s | decode ms/step | first prefill s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, row in bench["rows"].items():
+        if "error" in row:
+            lines.append(f"| {label} | — | — | — | — | — | {row['error']} |")
+            continue
+        lines.append(
+            f"| {label} | {row['prefill_ms']} | {row['prefill_tokens_per_s']:,} | {row['generate_s']} | "
+            f"{row['decode_tokens_per_s']:,} | {row['decode_ms_per_step']} | {row['first_prefill_s']} |"
+        )
+    lines += ["", "Parity of the bridge in bf16 (last hidden states on non-padded positions of a left-padded batch, "
+              f"vs the reference; tolerance atol = rtol = {PARITY_TOL}):", "",
+              "| model | reference | max abs diff | mean abs diff | rel err | within tol | greedy tokens identical |",
+              "|---|---|---|---|---|---|---|"]
+    for name, row in result["parity"].items():
+        lines.append(
+            f"| {name} | {row['reference']} | {row['max_abs_diff']:.3g} | {row['mean_abs_diff']:.3g} | "
+            f"{row['rel_err']:.3g} | {row['within_tol']} | {row.get('greedy_16_tokens_identical', '—')} |"
+        )
+    big = bench["big_model_parity"]
+    lines.append(
+        f"| 1B model, {sizes['big_parity'][0]} x {sizes['big_parity'][1]} | sdpa | {big['max_abs_diff']:.3g} | "
+        f"{big['mean_abs_diff']:.3g} | {big['rel_err']:.3g} | {big['within_tol']} | — |"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def run(out_dir: str | os.PathLike[str], *, smoke: bool = False) -> dict[str, Any]:
+    """Run the parity checks and the benchmark; write ``e2e-transformers-<date>.json`` / ``.md``.
+
+    Uses the shipped kernel when the Hub is unreachable (the GPU machine has no network:
+    ``HF_HUB_OFFLINE=1`` is set unless the caller set it). Returns the result dict.
+
+    Raises:
+        UnsupportedTransformersVersionError: transformers is outside the bridge's supported range.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    import transformers
+    import triton
+
+    import kernel_loader.integrations.transformers as klt
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    sizes = SMOKE if smoke else FULL
+    klt.enable()
+    try:
+        started = time.perf_counter()
+        parity = parity_checks(transformers, device, dtype, sizes)
+        print(f"parity: {json.dumps(parity, indent=1)}", flush=True)
+        bench = bench_rows(transformers, device, dtype, sizes, smoke)
+    finally:
+        klt.disable()
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "PYTHONPATH=. python3 bench/e2e_transformers.py $OUT" + (" --smoke" if smoke else ""),
+        "dtype": str(dtype).replace("torch.", ""),
+        "sizes": sizes,
+        "environment": {
+            "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "commit": _git_commit(),
+        },
+        "parity": parity,
+        "bench": bench,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"e2e-transformers-{result['date']}" + ("-smoke" if smoke else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(_markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    res = run(args[0] if args else REPO_ROOT / "bench" / "results", smoke="--smoke" in sys.argv)
+    print(_markdown(res))
