@@ -38,3 +38,15 @@ def test_non_power_of_two_heads_repeat_kv():
     case = make_case(b=1, hq=6, hkv=2, sq=4)
     out, _ = flex_attention_forward(module(), case.q, case.k, case.v, None)
     torch.testing.assert_close(out.double(), reference_attention(case.q, case.k, case.v), atol=2e-5, rtol=2e-5)
+
+
+def test_compiled_flex_on_cpu_matches():
+    """torch.compile(flex_attention) works on the CPU too; it is only slow to compile (see flex.py)."""
+    import time
+
+    case = make_case(b=1, hq=2, hkv=2, sq=16)
+    start = time.perf_counter()
+    out, _ = flex_attention_forward(module(), case.q, case.k, case.v, None, flex_compile=True)
+    compile_s = time.perf_counter() - start
+    torch.testing.assert_close(out.double(), reference_attention(case.q, case.k, case.v), atol=2e-5, rtol=2e-5)
+    print(f"compiled flex_attention, first call on this CPU: {compile_s:.1f} s")
