@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from kernel_loader import constants
 
@@ -35,8 +35,7 @@ def repo_folder(repo_id: str, repo_type: str, cache_dir: str | Path | None = Non
     return cache_root(cache_dir) / f"{repo_type}s--{org}--{name}"
 
 
-@dataclass(frozen=True)
-class CachedSnapshot:
+class CachedSnapshot(NamedTuple):
     """A commit of a repo present in the cache."""
 
     repo_id: str
@@ -112,16 +111,15 @@ def cached_versions(repo_id: str, cache_dir: str | Path | None = None) -> dict[i
     return versions
 
 
-@dataclass
-class CachedRepo:
+class CachedRepo(NamedTuple):
     """One kernel repo in the cache, for ``kernel-loader cache ls``."""
 
     repo_id: str
     repo_type: str
     folder: Path
-    refs: dict[str, str] = field(default_factory=dict)
-    snapshots: dict[str, list[str]] = field(default_factory=dict)  # sha -> variants
-    size_bytes: int = 0
+    refs: dict[str, str]
+    snapshots: dict[str, list[str]]  # sha -> variants
+    size_bytes: int
 
     def to_json(self) -> dict:
         return {

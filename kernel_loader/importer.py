@@ -7,16 +7,72 @@ side in one process. An import that fails leaves nothing behind in ``sys.modules
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import json
+import marshal
+import os
 import re
 import sys
+import tempfile
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 
+from kernel_loader import constants
 from kernel_loader.errors import KernelImportError
 
 _loaded: dict[str, ModuleType] = {}
+_roots: set[str] = set()  # top-level module names of imported kernels
+
+
+class _KernelSourceLoader(importlib.machinery.SourceFileLoader):
+    """Loads a kernel's Python files with bytecode kept in the state folder, not beside the source.
+
+    Python would write ``__pycache__`` into the kernel's folder, i.e. into the cache, which may be
+    a shared read-only filesystem (where every load would then recompile). Keyed by path, size,
+    mtime and interpreter, the compiled code is reused across processes.
+    """
+
+    def get_code(self, fullname: str) -> CodeType:
+        source_path = self.get_filename(fullname)
+        st = os.stat(source_path)
+        tag = sys.implementation.cache_tag or "py"
+        key = hashlib.sha256(f"{os.path.abspath(source_path)}|{st.st_size}|{st.st_mtime_ns}|{tag}".encode()).hexdigest()
+        cached = constants.state_dir() / "bytecode" / tag / key[:2] / f"{key}.bin"
+        try:
+            return marshal.loads(cached.read_bytes())
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+        code = self.source_to_code(self.get_data(source_path), source_path)
+        if sys.dont_write_bytecode:  # PYTHONDONTWRITEBYTECODE / -B: the user asked for no bytecode files
+            return code
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(marshal.dumps(code))
+            os.replace(tmp, cached)
+        except OSError:
+            pass  # no writable state folder: compile every time, still write nothing to the cache
+        return code
+
+
+class _KernelFinder:
+    """Routes the submodules of imported kernels through :class:`_KernelSourceLoader`."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path=None, target=None):  # noqa: ANN001 - importlib protocol
+        if fullname.partition(".")[0] not in _roots or "." not in fullname:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader) and spec.origin:
+            spec.loader = _KernelSourceLoader(fullname, spec.origin)
+        return spec
+
+
+def _install_finder() -> None:
+    if _KernelFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _KernelFinder)
 
 
 def module_name_for(repo_id: str, sha: str | None, variant: str, path: Path | None = None) -> str:
@@ -67,7 +123,14 @@ def import_variant(variant_dir: Path, module_name: str, what: str) -> ModuleType
     if module is not None:
         return module
     init = package_init(variant_dir, what)
-    spec = importlib.util.spec_from_file_location(module_name, init, submodule_search_locations=[str(init.parent)])
+    _install_finder()
+    _roots.add(module_name)
+    spec = importlib.util.spec_from_file_location(
+        module_name,
+        init,
+        loader=_KernelSourceLoader(module_name, str(init)),
+        submodule_search_locations=[str(init.parent)],
+    )
     if spec is None or spec.loader is None:
         raise KernelImportError(f"Cannot build an import spec for {what} from {init}.")
     module = importlib.util.module_from_spec(spec)
@@ -77,6 +140,7 @@ def import_variant(variant_dir: Path, module_name: str, what: str) -> ModuleType
     except BaseException as exc:
         for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
             del sys.modules[name]
+        _roots.discard(module_name)
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         raise KernelImportError(

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SOURCES = ("local", "cache", "hub", "bundled")
 
 
-@dataclass(frozen=True)
-class VariantDecision:
-    """One build variant judged against a machine.
+class VariantDecision(NamedTuple):
+    """One build variant judged against a machine (an immutable tuple).
 
     ``rank`` orders accepted variants (0 = preferred); it is None for rejected ones.
     """

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from kernel_loader import cache, constants, deps, hashing, trust
 from kernel_loader.errors import (
@@ -29,8 +29,7 @@ from kernel_loader.variants import select_variant
 logger = logging.getLogger("kernel_loader")
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """What the caller asked for (see :func:`kernel_loader.loader.get_kernel`)."""
 
     ref: KernelRef

@@ -9,8 +9,7 @@ wrong GPU is rejected with a reason instead of crashing the process.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from kernel_loader.machine import Machine
 from kernel_loader.resolution import VariantDecision
@@ -19,8 +18,7 @@ NOARCH_BACKENDS = ("universal", "cuda", "rocm", "xpu", "cpu", "metal", "npu")
 _BACKEND_RE = re.compile(r"^(?:(?P<cpu>cpu)|(?P<metal>metal)|cu(?P<cu>\d+)|rocm(?P<rocm>\d+)|xpu(?P<xpu>\d+))$")
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):
     """A parsed variant name.
 
     ``kind``: ``"torch"`` (one torch minor), ``"stable-abi"`` (any torch ≥ ``torch_version``),

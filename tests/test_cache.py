@@ -35,8 +35,7 @@ def test_loading_from_a_read_only_cache_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_LOADER_CACHE", str(root))
     monkeypatch.setenv("KERNEL_LOADER_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    monkeypatch.setattr("sys.dont_write_bytecode", True)
+    monkeypatch.setattr("sys.dont_write_bytecode", False)  # Python would write __pycache__ if it could
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
             os.chmod(os.path.join(folder, name), 0o555 if name in dirs else 0o444)
@@ -52,3 +51,5 @@ def test_loading_from_a_read_only_cache_writes_nothing(tmp_path, monkeypatch):
         for folder, dirs, files in os.walk(root):
             os.chmod(folder, 0o755)
     assert after == before
+    assert not list(root.rglob("__pycache__"))
+    assert list((tmp_path / "state" / "bytecode").rglob("*.bin"))  # compiled code went to the state folder

@@ -80,6 +80,7 @@ def test_explain_no_compatible_variant(hub_env, hub_server, capsys):
     assert code == cli.EXIT_NO_VARIANT and OTHER in out and "torch 2.7" in out
 
 
+@pytest.mark.filterwarnings("ignore::kernel_loader.sources.bundled.BundledKernelWarning")
 def test_explain_attention_backend_name(hub_env, capsys):
     code, out, _ = run(capsys, "explain", "flash_attention_2")
     assert code == 0 and "flash" in out.lower()

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernel_loader import constants
 
@@ -29,14 +28,13 @@ class HubRepoMissing(Exception):
     """The Hub answered, but has no such repo (for any repo type)."""
 
 
-@dataclass
-class RemoteRepo:
+class RemoteRepo(NamedTuple):
     """A repo on the Hub: its type and refs (name -> sha)."""
 
     repo_id: str
     repo_type: str
-    branches: dict[str, str] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
+    branches: dict[str, str]
+    tags: dict[str, str]
 
     def versions(self) -> dict[int, str]:
         """``vN`` branches: ``{N: sha}``."""
