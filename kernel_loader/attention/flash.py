@@ -127,23 +127,24 @@ def pad_input(packed: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: i
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``cu_seqlens`` (int32) and the longest sequence of sequences packed in ``position_ids``.
 
-    A sequence starts wherever the position does not follow the previous one by 1 (the same rule
-    as the mask builders' ``find_packed_sequence_indices``).
+    ``position_ids`` is ``[batch, len]`` (or 1D). A sequence starts at every row start and wherever
+    the position does not follow the previous one by 1 (the rule of the mask builders'
+    ``find_packed_sequence_indices``), so rows never run into each other.
     """
-    flat = position_ids.flatten()
-    starts = torch.ones_like(flat, dtype=torch.bool)
-    starts[1:] = flat[1:] != flat[:-1] + 1
-    start_idx = torch.nonzero(starts).flatten().to(torch.int32)
-    total = torch.tensor([flat.numel()], dtype=torch.int32, device=flat.device)
+    pos = position_ids.reshape(-1, position_ids.shape[-1])
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    start_idx = torch.nonzero(starts.flatten()).flatten().to(torch.int32)
+    total = torch.tensor([pos.numel()], dtype=torch.int32, device=pos.device)
     cu = torch.cat([start_idx, total])
     return cu, int((cu[1:] - cu[:-1]).max().item())
 
 
-def _is_packed(position_ids: torch.Tensor | None, batch: int) -> bool:
-    if position_ids is None or batch != 1 or position_ids.shape[-1] == 1:
+def _is_packed(position_ids: torch.Tensor | None, batch: int, q_len: int) -> bool:
+    if position_ids is None or q_len == 1 or position_ids.shape[-1] != q_len:
         return False
-    flat = position_ids.reshape(-1)
-    return bool((flat[1:] != flat[:-1] + 1).any())
+    pos = position_ids.reshape(-1, q_len)
+    return bool((pos[:, 1:] != pos[:, :-1] + 1).any())
 
 
 # ------------------------------------------------------------------------------------------
@@ -327,8 +328,8 @@ def flash_attention_forward(
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
         out = varlen(*flat, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
         out = out.view(batch, -1, *out.shape[1:])
-    elif _is_packed(position_ids, batch) and q_len == k.shape[1]:
-        cu, max_len = cu_seqlens_from_position_ids(position_ids)
+    elif _is_packed(position_ids, batch, q_len) and q_len == k.shape[1]:
+        cu, max_len = cu_seqlens_from_position_ids(position_ids.expand(batch, -1))
         cu = cu.to(q.device)
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
         out = varlen(*flat, cu, cu, max_len, max_len).view(batch, q_len, *q.shape[2:])

@@ -91,6 +91,19 @@ def test_explicit_cu_seq_lens_and_position_ids():
 def test_cu_seqlens_from_position_ids():
     cu, longest = cu_seqlens_from_position_ids(torch.tensor([[0, 1, 0, 1, 2, 0]]))
     assert cu.tolist() == [0, 2, 5, 6] and longest == 3 and cu.dtype == torch.int32
+    # rows never merge, even when the numbering continues across them
+    cu, _ = cu_seqlens_from_position_ids(torch.tensor([[0, 1, 2], [3, 4, 5]]))
+    assert cu.tolist() == [0, 3, 6]
+
+
+def test_packed_sequences_in_several_rows():
+    case = make_case(b=2, hq=2, hkv=2, sq=5)
+    pos = torch.tensor([[0, 1, 0, 1, 2], [0, 1, 2, 3, 0]])
+    out, _ = flash_attention_forward(module(), case.q, case.k, case.v, None, kernel=varlen_only, position_ids=pos)
+    assert calls[0][1] == [0, 2, 5, 9, 10]
+    seq_ids = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]])
+    ref = reference_attention(case.q, case.k, case.v, seq_ids=seq_ids, positions=pos)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_unpad_pad_roundtrip():

@@ -56,7 +56,9 @@ SCENARIOS = [
     Scenario("chunked_left_pad", chunk=4, padding=[(2, 0), (0, 0)], refuse={"flash"}),
     Scenario("mqa", hq=4, hkv=1, padding=[(1, 0), (0, 2)]),
     Scenario("softcap", softcap=2.0, padding=[(2, 0), (0, 0)], refuse={"sdpa"}),
-    Scenario("packed", b=1, positions=[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]),
+    Scenario("packed", b=1, positions=[[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]]),
+    Scenario("packed_two_rows", b=2, window=3,
+             positions=[[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]]),
     Scenario("decode_left_pad", sq=1, past=9, padding=[(4, 0), (0, 0)]),
     Scenario("chunked_prefill", sq=3, past=7, padding=[(2, 0), (0, 0)]),
 ]
@@ -91,7 +93,7 @@ def test_backend_matches_fp64_reference(sc: Scenario, backend: str, dtype: torch
     skv = sc.sq + sc.past
     case = make_case(b=sc.b, hq=sc.hq, hkv=sc.hkv, sq=sc.sq, skv=skv, d=16, dtype=dtype, seed=zlib.crc32(sc.name.encode()) % 1000,
                      padding=sc.padding)
-    pos = torch.tensor([sc.positions]) if sc.positions else None
+    pos = torch.tensor(sc.positions) if sc.positions else None
     seq_ids = None
     if pos is not None:
         seq_ids = (torch.diff(pos, prepend=pos[:, :1] - 1) != 1).cumsum(-1)
