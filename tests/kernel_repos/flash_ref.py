@@ -84,9 +84,10 @@ def reference(
     left, right = window_size
     if causal:
         right = 0
-    pos = torch.arange(sq).view(-1, 1) + (sk - sq)  # each query's aligned key position
-    key = torch.arange(sk).view(1, -1)
-    allowed = torch.ones(sq, sk, dtype=torch.bool)
+    dev = q.device
+    pos = torch.arange(sq, device=dev).view(-1, 1) + (sk - sq)  # each query's aligned key position
+    key = torch.arange(sk, device=dev).view(1, -1)
+    allowed = torch.ones(sq, sk, dtype=torch.bool, device=dev)
     if right >= 0:
         allowed &= key <= pos + right
     if left >= 0:

@@ -71,7 +71,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                     MASKED: tl.constexpr, EVEN_D: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr):
     offs_mb = tl.arange(0, BLOCK_M)
     for m0 in range(start, end, BLOCK_M):
         offs_m = m0 + offs_mb
@@ -95,29 +95,56 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                 do = tl.load(do_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
             lse2 = tl.load(lse_base + offs_m * stride_lm) * 1.4426950408889634
             delta = tl.load(delta_base + offs_m * stride_lm)
-        # Work transposed ([keys, queries]) so dK and dV accumulate without transposing them.
-        qkT = tl.dot(k, tl.trans(q))
-        sT = _scores(qkT, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-                     HAS_SOFTCAP, HAS_ALIBI, True)
-        if MASKED:
-            okT = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                           HAS_LEFT, HAS_RIGHT, True)
-            sT = tl.where(okT, sT, float("-inf"))
-        pT = tl.exp2(sT - lse2[None, :])
-        dpT = tl.dot(v, tl.trans(do))
-        if HAS_DROPOUT:
-            keepT = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, True)
-            inv_keep = 1.0 / (1.0 - dropout_p)
-            pdT = tl.where(keepT, pT * inv_keep, 0.0)
-            dpT = tl.where(keepT, dpT * inv_keep, 0.0)
+        if KEYS_AS_ROWS:
+            # Tiles are [keys, queries]: dK and dV accumulate with no transpose, but k and v
+            # must live in registers as the left operand.
+            qkT = tl.dot(k, tl.trans(q))
+            sT = _scores(qkT, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                         HAS_SOFTCAP, HAS_ALIBI, True)
+            if MASKED:
+                okT = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                               HAS_LEFT, HAS_RIGHT, True)
+                sT = tl.where(okT, sT, float("-inf"))
+            pT = tl.exp2(sT - lse2[None, :])
+            dpT = tl.dot(v, tl.trans(do))
+            if HAS_DROPOUT:
+                keepT = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, True)
+                inv_keep = 1.0 / (1.0 - dropout_p)
+                pdT = tl.where(keepT, pT * inv_keep, 0.0)
+                dpT = tl.where(keepT, dpT * inv_keep, 0.0)
+            else:
+                pdT = pT
+            dv = tl.dot(pdT.to(do.dtype), do, dv)
+            dsT = pT * (dpT - delta[None, :])
+            if HAS_SOFTCAP:
+                t = _tanh(qkT * softcap_scale)
+                dsT = dsT * (1.0 - t * t)
+            dk = tl.dot(dsT.to(q.dtype), q, dk)
         else:
-            pdT = pT
-        dv = tl.dot(pdT.to(do.dtype), do, dv)
-        dsT = pT * (dpT - delta[None, :])
-        if HAS_SOFTCAP:
-            t = _tanh(qkT * softcap_scale)
-            dsT = dsT * (1.0 - t * t)
-        dk = tl.dot(dsT.to(q.dtype), q, dk)
+            # Tiles are [queries, keys]: k and v stay in shared memory as right operands (fewer
+            # registers at large head dims) at the price of transposing p and ds.
+            qk = tl.dot(q, tl.trans(k))
+            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                        HAS_SOFTCAP, HAS_ALIBI)
+            if MASKED:
+                ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                              HAS_LEFT, HAS_RIGHT)
+                s = tl.where(ok, s, float("-inf"))
+            p = tl.exp2(s - lse2[:, None])
+            dp = tl.dot(do, tl.trans(v))
+            if HAS_DROPOUT:
+                keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
+                inv_keep = 1.0 / (1.0 - dropout_p)
+                pd = tl.where(keep, p * inv_keep, 0.0)
+                dp = tl.where(keep, dp * inv_keep, 0.0)
+            else:
+                pd = p
+            dv = tl.dot(tl.trans(pd.to(do.dtype)), do, dv)
+            ds = p * (dp - delta[:, None])
+            if HAS_SOFTCAP:
+                t = _tanh(qk * softcap_scale)
+                ds = ds * (1.0 - t * t)
+            dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
     return dk, dv
 
 
@@ -139,6 +166,7 @@ def _bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    KEYS_AS_ROWS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -209,19 +237,19 @@ def _bwd_dkdv_kernel(
                                  seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
                                  qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
                                  dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M)
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                  stride_qm, stride_dom, stride_lm, offs_n, offs_d, flo, fhi,
                                  seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
                                  qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
                                  dropout_p, False, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M)
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                  stride_qm, stride_dom, stride_lm, offs_n, offs_d, fhi, hi,
                                  seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
                                  qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
                                  dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M)
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS)
 
     dk = dk * sm_scale
     dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
@@ -389,8 +417,13 @@ def attention_backward(
     alibi_slopes: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
     seed: int = 0,
+    config: Optional[tuple] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients of q, k, v (same layouts as the inputs, contiguous) given dO."""
+    """Gradients of q, k, v (same layouts as the inputs, contiguous) given dO.
+
+    ``config`` ``((BLOCK_M, BLOCK_N, warps, stages, keys_as_rows), (BLOCK_M, BLOCK_N, warps,
+    stages))`` for the dK/dV and dQ kernels overrides the shipped table (benchmarks).
+    """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
     if softmax_scale is None:
@@ -423,7 +456,7 @@ def attention_backward(
         a2 = (0, 0)
     block_d = next_pow2_dim(head_dim)
     cap = device_capability(q)
-    bm, bn, warps, stages = _configs.pick("bwd", cap, block_d)
+    shipped = _configs.pick("bwd", cap, block_d)
     dummy = lse
     cuq = cu_seqlens_q if varlen else dummy
     cuk = cu_seqlens_k if varlen else dummy
@@ -446,25 +479,24 @@ def attention_backward(
     )
 
     def launch(cfg):
-        bm_, bn_, w_, s_ = cfg
+        (bm_, bn_, w_, s_, rows_), (bm2, bn2, w2, s2) = cfg
         _bwd_dkdv_kernel[(triton.cdiv(sk_max, bn_), batch * hk)](
             q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
             *_strides3(do, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
             sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars,
-            BLOCK_M=bm_, BLOCK_N=bn_, num_warps=w_, num_stages=s_, **common,
+            BLOCK_M=bm_, BLOCK_N=bn_, KEYS_AS_ROWS=rows_, num_warps=w_, num_stages=s_, **common,
         )
-        # dQ wants many query rows per program and fewer keys per step (the transpose of dK/dV).
-        _bwd_dq_kernel[(triton.cdiv(sq_max, bn_), batch * hq)](
+        _bwd_dq_kernel[(triton.cdiv(sq_max, bm2), batch * hq)](
             q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
             *_strides3(do, varlen), *_strides3(dq, varlen), *l3, *a2,
             sq_max, sk_max, hq, hq // hk, head_dim, *scalars,
-            REVERSE=right >= 0, BLOCK_M=bn_, BLOCK_N=bm_, num_warps=w_, num_stages=s_, **common,
+            REVERSE=right >= 0, BLOCK_M=bm2, BLOCK_N=bn2, num_warps=w2, num_stages=s2, **common,
         )
 
-    cfg = (bm, bn, warps, stages)
-    if cap is not None and _configs.autotune_enabled():
+    cfg = config if config is not None else shipped
+    if config is None and cap is not None and _configs.autotune_enabled():
         key = ("bwd", cap, block_d, q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
         cfg = _configs.tuned(key, cfg, "bwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c)))
     launch(cfg)

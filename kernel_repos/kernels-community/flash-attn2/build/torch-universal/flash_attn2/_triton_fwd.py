@@ -137,19 +137,27 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
         else:
             k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
         qk = tl.dot(q, tl.trans(k))
-        s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-                    HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
+            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                        HAS_SOFTCAP, HAS_ALIBI)
             ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
                           HAS_LEFT, HAS_RIGHT)
             s = tl.where(ok, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # A row with nothing allowed yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
+            p = tl.exp2(s - m_use[:, None])
+        elif HAS_SOFTCAP or HAS_ALIBI:
+            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                        HAS_SOFTCAP, HAS_ALIBI)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            # The hot path: scale folded into the max and one fused multiply-add before exp2.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_use = m_new
+            p = tl.exp2(qk * qk_scale - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -323,8 +331,12 @@ def attention_forward(
     dropout_p: float = 0.0,
     seed: int = 0,
     out: Optional[torch.Tensor] = None,
+    config: Optional[Tuple[int, int, int, int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``."""
+    """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``.
+
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table (benchmarks).
+    """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
     if softmax_scale is None:
@@ -387,8 +399,8 @@ def attention_forward(
             BLOCK_M=bm_, BLOCK_N=bn_, BLOCK_D=block_d, num_warps=w_, num_stages=s_,
         )
 
-    cfg = (bm, bn, warps, stages)
-    if cap is not None and _configs.autotune_enabled():
+    cfg = config or (bm, bn, warps, stages)
+    if config is None and cap is not None and _configs.autotune_enabled():
         key = ("fwd", cap, block_d, q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
         cfg = _configs.tuned(key, cfg, "fwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c)))
     launch(cfg)
