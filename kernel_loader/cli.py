@@ -52,6 +52,10 @@ def _download_ref(text: str, version: int | None, all_variants: bool, trust: boo
     ref = KernelRef.parse(text)
     if not all_variants:
         res = resolve_kernel(str(ref), version=version, trust_remote_code=trust)
+        if res.source == "bundled":
+            raise errors.OfflineKernelMissingError(
+                f"Could not download {text}: {res.notes[-1]}. Check HF_ENDPOINT / the network, then retry."
+            )
         return {"repo_id": ref.repo_id, "source": res.source, "sha": res.sha, "variants": [res.variant], "path": str(res.path)}
     trustmod.check_trust(ref.repo_id, trust)
     try:

@@ -91,11 +91,3 @@ def backend_override() -> str | None:
     """``KERNEL_LOADER_BACKEND``: force a backend (``cpu``, ``cuda``, ...) for variant selection."""
     value = os.environ.get("KERNEL_LOADER_BACKEND", "").strip().lower()
     return value or None
-
-
-def hub_timeout() -> float:
-    """``KERNEL_LOADER_HUB_TIMEOUT`` seconds for one Hub request (default 10)."""
-    try:
-        return float(os.environ.get("KERNEL_LOADER_HUB_TIMEOUT", "10"))
-    except ValueError:
-        return 10.0

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from types import CodeType, ModuleType
 
@@ -23,6 +24,7 @@ from kernel_loader.errors import KernelImportError
 
 _loaded: dict[str, ModuleType] = {}
 _roots: set[str] = set()  # top-level module names of imported kernels
+_lock = threading.RLock()  # one import at a time, so concurrent first calls share one module
 
 
 class _KernelSourceLoader(importlib.machinery.SourceFileLoader):
@@ -122,6 +124,14 @@ def import_variant(variant_dir: Path, module_name: str, what: str) -> ModuleType
     module = _loaded.get(module_name)
     if module is not None:
         return module
+    with _lock:
+        module = _loaded.get(module_name)
+        if module is not None:
+            return module
+        return _import_locked(variant_dir, module_name, what)
+
+
+def _import_locked(variant_dir: Path, module_name: str, what: str) -> ModuleType:
     init = package_init(variant_dir, what)
     _install_finder()
     _roots.add(module_name)

@@ -158,7 +158,7 @@ def _pick_ref(req: Request, versions: dict[int, str], named: dict[str, str], whe
         )
     if versions:
         best = max(versions)
-        logger.info("%s: no version given, using the latest, v%d", req.ref.repo_id, best)
+        logger.info("%s: no version given, using the latest, v%d %s", req.ref.repo_id, best, where)
         return f"v{best}", versions[best]
     if "main" in named:
         return "main", named["main"]
@@ -173,6 +173,8 @@ def _from_cache(req: Request, machine: Machine, ref_name: str, sha: str, source_
     res.machine = machine
     res.resolved_revision = ref_name
     res.notes.append(source_note)
+    if req.ref.revision is None and req.version is None:
+        res.notes.append(f"no version asked: used {ref_name}, the highest vN branch (else main)")
     res.notes.append(f"cache: {snapshot.path} (variants present: {', '.join(snapshot.variants())})")
     try:
         return _finish(res, snapshot.build_dir, snapshot.variants(), req, machine, _local_meta(snapshot.build_dir))
@@ -248,6 +250,8 @@ def _resolve_hub(req: Request, machine: Machine) -> Resolution:
     res.machine = machine
     res.resolved_revision = ref_name
     res.notes.append(f"{constants.hf_endpoint()} (repo type {remote.repo_type})")
+    if req.ref.revision is None and req.version is None:
+        res.notes.append(f"no version asked: used {ref_name}, the highest vN branch (else main)")
     cache_dir = cache.cache_root(req.cache_dir)
     # Download by ref name so refs/<name> is recorded for later offline resolution.
     rev = ref_name
@@ -286,6 +290,8 @@ def resolve(req: Request) -> Resolution:
             f"{req.what}: pass either a revision ({req.ref.revision!r}) or version={req.version}, not both."
         )
     machine = req.machine or detect_machine()
+    if req.backend is None and constants.backend_override():
+        req = req._replace(backend=constants.backend_override())
     try:
         override = local.local_override(req.ref.repo_id)
     except ValueError as exc:

@@ -119,3 +119,15 @@ def test_python_dash_m_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kernel_loader", "cache", "ls"], capture_output=True, text=True,
                           env=env, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=120)
     assert proc.returncode == 0 and str(tmp_path) in proc.stdout
+
+
+def test_download_refuses_to_call_the_shipped_copy_a_download(hub_env, hub_server, capsys, monkeypatch, tmp_path):
+    from kernel_loader.sources import bundled
+    from test_loader import make_repo
+
+    shipped = tmp_path / "shipped"
+    make_repo(shipped / "kernels-community" / "shipped-only", {"torch-universal": kernel_files(1, "shipped_only")})
+    monkeypatch.setattr(bundled, "bundled_root", lambda: shipped)
+    monkeypatch.setattr(bundled, "_warned", {"kernels-community/shipped-only"})
+    code, _, err = run(capsys, "download", "kernels-community/shipped-only")
+    assert code == cli.EXIT_NOT_FOUND and "Could not download" in err

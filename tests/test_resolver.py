@@ -147,3 +147,21 @@ def test_explain_then_load_with_metadata_only_in_cache(hub_env, versioned):
     assert res.path is None and res.variant == "torch-universal"
     assert cache.find_snapshot(repo_id, versioned["v1"], hub_env.cache_dir).variants() == []
     assert kernel_loader.get_kernel(repo_id, version=1).answer() == 1
+
+
+def test_shipped_repo_served_by_the_hub_is_fetched_not_bundled(hub_env, hub_server, recwarn):
+    sha = hub_server.add_shipped_repo("kernels-community/flash-attn2", versions=(1,))
+    res = kernel_loader.resolve_kernel("kernels-community/flash-attn2", version=1)
+    assert (res.source, res.sha, res.variant) == ("hub", sha, "torch-universal")
+    assert (res.path / "metadata.json").is_file()
+    assert not [w for w in recwarn if issubclass(w.category, bundled.BundledKernelWarning)]
+
+
+def test_backend_environment_override(hub_env, versioned, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOADER_BACKEND", "cpu")
+    gpu = Machine("2.7", True, "cuda", "11.8", "x86_64", "linux", (8, 0))
+    res = kernel_loader.resolve_kernel(versioned["repo_id"], version=1, machine=gpu, download=False)
+    assert res.variant == "torch-universal"  # the CUDA build is skipped: backend forced to cpu
+    monkeypatch.setenv("KERNEL_LOADER_BACKEND", "rocm")
+    with pytest.raises(kernel_loader.InvalidKernelRefError, match="not available"):
+        kernel_loader.resolve_kernel(versioned["repo_id"], version=1, machine=gpu, download=False)
