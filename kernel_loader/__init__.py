@@ -41,6 +41,15 @@ _EXPORTS: dict[str, str] = {
     "AttentionMaskInterface": "kernel_loader.attention",
     "ALL_ATTENTION_FUNCTIONS": "kernel_loader.attention",
     "ALL_MASK_ATTENTION_FUNCTIONS": "kernel_loader.attention",
+    "create_causal_mask": "kernel_loader.attention",
+    "create_sliding_window_causal_mask": "kernel_loader.attention",
+    "create_chunked_causal_mask": "kernel_loader.attention",
+    "create_bidirectional_mask": "kernel_loader.attention",
+    "register_kernel_backend": "kernel_loader.attention",
+    "explain_chain": "kernel_loader.attention",
+    "PagedKVCache": "kernel_loader.attention",
+    "UnknownAttentionBackendError": "kernel_loader.errors",
+    "UnsupportedAttentionOptionError": "kernel_loader.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
