@@ -62,7 +62,7 @@ def _sdpa_backend(name: str):
             "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
 
 
-def providers(causal: bool, with_flex: bool) -> Dict[str, Callable]:
+def providers(causal: bool, with_flex: bool, names=None) -> Dict[str, Callable]:
     """name -> fn(q, k, v) on that provider's layout; q/k/v built by ``inputs_for``."""
     fa = load_package()
     import torch.nn.functional as F
@@ -90,6 +90,8 @@ def providers(causal: bool, with_flex: bool) -> Dict[str, Callable]:
                 mask = masks[key]
             return compiled(q, k, v, block_mask=mask)
         out["flex"] = flex
+    if names is not None:
+        out = {k: v for k, v in out.items() if k in names}
     return out
 
 
@@ -138,15 +140,21 @@ def measure(provider: str, fn: Callable, batch: int, seq: int, dim: int, causal:
 
 
 def dense_rows(dims=HEAD_DIMS, seqs=SEQS, with_flex: bool = True, deadline: Optional[float] = None,
-               flex_deadline: Optional[float] = None, log=print) -> List[dict]:
+               flex_deadline: Optional[float] = None, hard_deadline: Optional[float] = None,
+               names=None, log=print) -> List[dict]:
+    """One row per (head dim, seq, causal). Past ``deadline`` only our kernel is timed, past
+    ``flex_deadline`` FlexAttention (slow to compile) is left out, past ``hard_deadline`` nothing."""
     rows = []
     for dim in dims:
         for seq in seqs:
             for causal in (False, True):
+                if hard_deadline is not None and time.time() > hard_deadline:
+                    log(f"skipped d={dim} seq={seq} causal={causal}: time budget")
+                    continue
                 batch = TOKENS // seq
                 use_flex = with_flex and (flex_deadline is None or time.time() < flex_deadline)
                 result = {"dim": dim, "seq": seq, "causal": causal, "batch": batch, "heads": HEADS}
-                for name, fn in providers(causal, use_flex).items():
+                for name, fn in providers(causal, use_flex, names).items():
                     if deadline is not None and time.time() > deadline and name != "ours":
                         result[name] = {"skipped": "time budget"}
                         continue
@@ -256,12 +264,14 @@ def table_md(rows: List[dict]) -> str:
     return head + "\n" + "\n".join(format_row(r) for r in rows)
 
 
-def run(out_dir: Optional[str] = None, with_flex: bool = True, budget_s: float = 400.0,
-        flex_budget_s: float = 200.0, log=print) -> List[dict]:
-    """Every dense row, then varlen; providers other than ours are skipped past the budget."""
-    start = time.time()
-    rows = dense_rows(with_flex=with_flex, deadline=start + budget_s, flex_deadline=start + flex_budget_s, log=log)
-    rows += varlen_rows(log=log)
+def run(dims=HEAD_DIMS, seqs=SEQS, names=None, with_flex: bool = True, with_varlen: bool = True,
+        deadline: Optional[float] = None, flex_deadline: Optional[float] = None,
+        hard_deadline: Optional[float] = None, log=print) -> List[dict]:
+    """Dense rows then varlen; deadlines are absolute ``time.time()`` values (see dense_rows)."""
+    rows = dense_rows(dims, seqs, with_flex=with_flex, deadline=deadline, flex_deadline=flex_deadline,
+                      hard_deadline=hard_deadline, names=names, log=log)
+    if with_varlen and (hard_deadline is None or time.time() < hard_deadline):
+        rows += varlen_rows(log=log)
     return rows
 
 

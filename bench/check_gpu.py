@@ -1,6 +1,9 @@
 """One GPU call: correctness of the flash-attn2 kernels at real sizes, config sweep, benchmark.
 
-    PYTHONPATH=. python3 bench/check_gpu.py [--no-sweep] [--no-flex]    # writes under $OUT
+    PYTHONPATH=. python3 bench/check_gpu.py [--no-sweep] [--no-flex] [--quick-bench] [--budget=S]
+
+(writes under $OUT; --quick-bench times only seq 4096 against SDPA flash/cuDNN; --budget bounds
+the whole run in seconds: providers are dropped, then rows, as it nears.)
 
 Phases, in order (each bounded in time; results are written as they come):
 1. first-call latency of our kernel on a fresh Triton cache (compile included), d=128;
@@ -253,7 +256,9 @@ def warm(job) -> str:
 def main() -> None:
     args = set(sys.argv[1:])
     do_sweep = "--no-sweep" not in args
-    with_flex = "--no-flex" not in args
+    quick = "--quick-bench" in args
+    with_flex = "--no-flex" not in args and not quick
+    budget = next((float(a.split("=")[1]) for a in args if a.startswith("--budget=")), 420.0)
     OUT.mkdir(parents=True, exist_ok=True)
     import triton
 
@@ -335,6 +340,9 @@ def main() -> None:
     if do_sweep:
         sweep = []
         for job in sweep_jobs():
+            if time.time() > T0 + 0.7 * budget:
+                log(f"sweep stopped at {job}: time budget")
+                break
             try:
                 r = sweep_one(*job)
             except Exception as e:
@@ -346,8 +354,12 @@ def main() -> None:
         save()
 
     # 6. benchmark table
-    rows = A.run(with_flex=with_flex, budget_s=330, flex_budget_s=200,
-                 log=lambda s: log("row " + s))
+    if quick:
+        rows = A.run(seqs=(4096,), names=("ours", "sdpa-flash", "sdpa-cudnn"), with_flex=False,
+                     hard_deadline=T0 + budget - 20, log=lambda s: log("row " + s))
+    else:
+        rows = A.run(with_flex=with_flex, deadline=T0 + budget - 90, flex_deadline=T0 + budget - 150,
+                     hard_deadline=T0 + budget - 30, log=lambda s: log("row " + s))
     RESULTS["bench"] = rows
     save()
     md = ["# flash-attn2 attention benchmark", "",
