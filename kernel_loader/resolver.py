@@ -194,14 +194,16 @@ def _resolve_offline(req: Request, machine: Machine, why: str) -> Resolution:
     root = cache.cache_root(req.cache_dir)
     try:
         ref_name, sha = _pick_ref(req, versions, refs, f"in the cache {root}")
-    except KernelNotFoundError as exc:
+    except KernelNotFoundError:
         res = resolve_bundled(req, why)
         if res is not None:
             return res
+        found = ", ".join(sorted(refs)) or "nothing"
+        target = req.ref.repo_id + (f"@v{req.version}" if req.version is not None else f"@{req.ref.revision}" if req.ref.revision else "")
         raise OfflineKernelMissingError(
-            f"{req.what} is not in the cache {root} and the Hub is not used ({why}). {exc} "
-            f"Fetch it while online with `kernel-loader download {req.ref.repo_id}`"
-            f"{'' if req.version is None else f'@v{req.version}'} (or point KERNEL_LOADER_CACHE at a cache that has it)."
+            f"{req.what} is not in the cache {root} (cached revisions of it: {found}) and the Hub is not used "
+            f"({why}). Fetch it while online with `kernel-loader download {target}`, or point KERNEL_LOADER_CACHE "
+            "at a cache that has it."
         ) from None
     res = _from_cache(req, machine, ref_name, sha, f"no network: {why}")
     if res is not None:
