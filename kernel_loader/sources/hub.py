@@ -88,6 +88,14 @@ def _missing(exc: BaseException) -> bool:
     return getattr(response, "status_code", None) in (401, 403, 404)
 
 
+def _repo_types() -> tuple[str, ...]:
+    # Older huggingface_hub releases cannot download repo type "kernel"; only ask for "model".
+    from huggingface_hub import constants as hf_constants
+
+    accepted = getattr(hf_constants, "REPO_TYPES_WITH_KERNEL", hf_constants.REPO_TYPES)
+    return tuple(t for t in REPO_TYPES if t in accepted)
+
+
 def remote_repo(repo_id: str) -> RemoteRepo:
     """The repo's type and refs.
 
@@ -99,7 +107,7 @@ def remote_repo(repo_id: str) -> RemoteRepo:
         raise HubUnreachable("HF_HUB_OFFLINE is set")
     api = _api()
     errors = []
-    for repo_type in REPO_TYPES:
+    for repo_type in _repo_types():
         try:
             refs = api.list_repo_refs(repo_id, repo_type=repo_type)
         except Exception as exc:  # classified below; anything else is a real error
