@@ -369,7 +369,8 @@ def _flash_fallback(state: _State, requested: str, trust: bool) -> str | None:
     _register_in_transformers(state, name, attention, mask)
     state.flash_kernels.add(name)
     if state.routes.get(requested) != name:
-        logger.warning(
+        # kernel_loader's fallback chain already warned about its choice; this records the name.
+        logger.info(
             "attn_implementation=%r: the %s package is not usable here, so transformers will use %s (source: %s) "
             "through kernel_loader. `kernel-loader explain %s` shows the whole fallback chain.",
             requested,
