@@ -6,6 +6,7 @@ Model-level parity (several architectures, generate, training) is in test_transf
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import kernel_loader.integrations.transformers as klt  # noqa: E402
-from kernel_loader.errors import UnsupportedTransformersVersionError  # noqa: E402
+from kernel_loader.errors import UnsupportedTransformersVersionError, UntrustedKernelError  # noqa: E402
 
 KERNEL = "kernels-community/flash-attn2"
 ATOL, RTOL = 1e-6, 1e-4  # transformers' fp32 eager<>sdpa tolerance
@@ -372,5 +373,17 @@ def test_kernel_from_the_loopback_hub(hub_env, hub_server, monkeypatch):
         assert resolution.source == "hub"
         assert resolution.sha == sha
         assert_matches_sdpa(model)
+
+        # a kernel outside the trusted orgs needs consent: transformers 5.x's allow_all_kernels=True
+        untrusted = "test-org/flash-attn2-copy"
+        hub_server.add_shipped_repo(KERNEL, serve_as=untrusted)
+        with pytest.raises(UntrustedKernelError, match="test-org"):
+            tiny_llama(untrusted)
+        if "allow_all_kernels" in inspect.signature(transformers.PreTrainedModel.set_attn_implementation).parameters:
+            model = tiny_llama("sdpa")
+            model.set_attn_implementation(untrusted, allow_all_kernels=True)
+            assert model.config._attn_implementation == untrusted
+            assert registered_kernel_backends()[untrusted].kernel.__kernel_resolution__.source == "hub"
+            assert_matches_sdpa(model)
     finally:
         klt.disable()
