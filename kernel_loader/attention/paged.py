@@ -239,6 +239,10 @@ def make_paged_attention(kernel: ModuleType | FlashKernel | Callable[[], ModuleT
             deterministic=None,
         )
         opts.pop("dropout_p", None)
+        # FlashAttention 3 (flash_attn_interface, vllm-flash-attn3) calls the block table page_table
+        table_arg = "page_table" if "page_table" in fk.kvcache_params and "block_table" not in fk.kvcache_params \
+            else "block_table"
+        opts[table_arg] = cache.block_table
         kc, vc = cache.key_blocks[layer_idx], cache.value_blocks[layer_idx]
         out = _first(
             fk.kvcache(
@@ -248,7 +252,6 @@ def make_paged_attention(kernel: ModuleType | FlashKernel | Callable[[], ModuleT
                 k=key.transpose(1, 2).to(kc.dtype).contiguous(),
                 v=value.transpose(1, 2).to(vc.dtype).contiguous(),
                 cache_seqlens=cache.seqlens,
-                block_table=cache.block_table,
                 **opts,
             )
         )

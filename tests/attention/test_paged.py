@@ -74,3 +74,25 @@ def test_cache_runs_out_of_pages():
     cache.end_step()
     with pytest.raises(MemoryError, match="num_blocks"):
         cache.begin_step(1)
+
+
+def test_fa3_style_page_table_argument(shipped):
+    """FlashAttention 3 names the block table ``page_table``; the paged function follows the signature."""
+    import types
+
+    seen = []
+
+    def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, page_table=None,
+                                softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
+        seen.append(page_table is not None)
+        return shipped.flash_attn_with_kvcache(q, k_cache, v_cache, k=k, v=v, cache_seqlens=cache_seqlens,
+                                               block_table=page_table, softmax_scale=softmax_scale, causal=causal,
+                                               window_size=window_size, softcap=softcap), None
+
+    fa3 = types.ModuleType("fa3_like")
+    fa3.flash_attn_varlen_func = shipped.flash_attn_varlen_func
+    fa3.flash_attn_with_kvcache = flash_attn_with_kvcache
+    case = make_case(b=2, hq=4, hkv=2, sq=6)
+    out, _ = _run_steps(make_paged_attention(fa3), case, [4, 1, 1], layers=1)
+    assert seen and all(seen)
+    torch.testing.assert_close(out.double(), reference_attention(case.q, case.k, case.v), atol=2e-5, rtol=2e-5)
