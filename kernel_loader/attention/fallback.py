@@ -115,7 +115,11 @@ def _cuda_capability() -> tuple[tuple[int, int] | None, str]:
 
 def _try_package(opt: _Option) -> tuple[ModuleType | None, str]:
     pkg = opt.targets[0]
-    if importlib.util.find_spec(pkg) is None:
+    try:
+        spec = importlib.util.find_spec(pkg)
+    except (ImportError, ValueError) as exc:  # a half-imported or broken package in sys.modules
+        return None, f"cannot be looked up ({_first_line(exc)})"
+    if spec is None:
         return None, f"not installed ({opt.install_hint})"
     cap, where = _cuda_capability()
     if cap is None:
