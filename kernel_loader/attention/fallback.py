@@ -163,20 +163,33 @@ def _try_hub(opt: _Option) -> tuple[ModuleType | None, str]:
 def _try_shipped(opt: _Option) -> tuple[ModuleType | None, str]:
     from kernel_loader.loader import get_bundled_kernel
 
-    reasons = []
+    skipped: list[str] = []
     for repo in opt.targets:
         try:
             module = get_bundled_kernel(repo)
+        except KernelNotFoundError as exc:
+            skipped.append(f"{repo}: {_first_line(exc)}" if _no_bundled() else f"{repo} is not shipped")
+            continue
         except Exception as exc:  # KernelLoaderError, or an import-time failure of the package
-            reasons.append(f"{repo}: {_first_line(exc)}")
+            skipped.append(f"{repo}: {_first_line(exc)}")
             continue
         if getattr(module, "flash_attn_varlen_func", None) is None:
-            reasons.append(f"{repo}: shipped copy has no flash_attn_varlen_func")
+            skipped.append(f"{repo}: shipped copy has no flash_attn_varlen_func")
             continue
         res = getattr(module, "__kernel_resolution__", None)
         variant = getattr(res, "variant", None)
-        return module, f"shipped copy of {repo}" + (f" (variant {variant})" if variant else "")
-    return None, "; ".join(reasons)
+        found = f"shipped copy of {repo}" + (f" (variant {variant})" if variant else "")
+        if skipped:  # e.g. no FA3 copy is shipped, so FA2's kernel (same API) serves flash_attention_3
+            found += " (" + "; ".join(skipped) + ")"
+        return module, found
+    return None, "; ".join(skipped)
+
+
+def _no_bundled() -> bool:
+    """Whether shipped copies are disabled (then the loader's own message is the reason)."""
+    from kernel_loader import constants
+
+    return constants.no_bundled()
 
 
 def _label(opt: _Option) -> str:

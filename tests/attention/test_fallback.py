@@ -135,7 +135,8 @@ def test_flash_attention_3_chain_offline(offline_hub):
         "Hub kernel kernels-community/vllm-flash-attn3",
         "the shipped kernel",
     ]
-    assert outcome.chosen == 3 and "flash-attn2" in outcome.steps[3].reason
+    assert outcome.chosen == 3 and "shipped copy of kernels-community/flash-attn2" in outcome.steps[3].reason
+    assert "kernels-community/flash-attn3 is not shipped" in outcome.steps[3].reason
 
 
 @pytest.mark.filterwarnings("ignore:Using the copy")
