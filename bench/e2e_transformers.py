@@ -254,7 +254,7 @@ def _markdown(result: dict[str, Any]) -> str:
             f"| {label} | {row['prefill_ms']} | {row['prefill_tokens_per_s']:,} | {row['generate_s']} | "
             f"{row['decode_tokens_per_s']:,} | {row['decode_ms_per_step']} | {row['first_prefill_s']} |"
         )
-    lines += ["", "Parity of the bridge in bf16 (last hidden states on non-padded positions of a left-padded batch, "
+    lines += ["", f"Parity of the bridge in {result['dtype']} (last hidden states on non-padded positions of a left-padded batch, "
               f"vs the reference; tolerance atol = rtol = {PARITY_TOL}):", "",
               "| model | reference | max abs diff | mean abs diff | rel err | within tol | greedy tokens identical |",
               "|---|---|---|---|---|---|---|"]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import logging
 import os
 import threading
