@@ -108,18 +108,3 @@ def test_bad_locks_and_pyprojects(tmp_path):
     py.write_text('[tool.kernels.dependencies]\n"a/b" = 1.5\n')
     with pytest.raises(LockfileError, match="version number or a revision"):
         lockfile.read_dependencies(py)
-
-
-def test_local_hashing_matches_hub_listing_kinds(tmp_path):
-    folder = tmp_path / "v"
-    (folder / "pkg").mkdir(parents=True)
-    (folder / "pkg" / "__init__.py").write_text("x = 1\n")
-    (folder / "pkg" / "__pycache__").mkdir()
-    (folder / "pkg" / "__pycache__" / "junk.pyc").write_bytes(b"ignored")
-    whole, files = hashing.hash_folder(folder, {"pkg/__init__.py": "git-sha1:..."})
-    import subprocess
-
-    git_oid = subprocess.run(["git", "hash-object", str(folder / "pkg" / "__init__.py")], capture_output=True, text=True)
-    assert files == {"pkg/__init__.py": "git-sha1:" + git_oid.stdout.strip()}  # bytecode ignored
-    assert whole == hashing.combine(files)
-    assert list(hashing.hash_folder(folder)[1].values())[0].startswith("sha256:")

@@ -1,0 +1,34 @@
+from pathlib import Path
+
+from kernel_loader import constants
+
+
+def test_read_at_call_time_and_cache_precedence(monkeypatch, tmp_path):
+    for var in ("KERNEL_LOADER_CACHE", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert constants.cache_dir() == tmp_path / ".cache" / "huggingface" / "hub"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert constants.cache_dir() == tmp_path / "hf" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hubcache"))
+    assert constants.cache_dir() == tmp_path / "hubcache"
+    monkeypatch.setenv("KERNEL_LOADER_CACHE", "~/kernels")
+    assert constants.cache_dir() == Path(tmp_path / "kernels")
+
+
+def test_flags_endpoint_and_orgs(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    assert constants.hf_endpoint() == "https://huggingface.co"
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:8090/")
+    assert constants.hf_endpoint() == "http://127.0.0.1:8090"
+    for value, expected in (("1", True), ("true", True), ("ON", True), ("0", False), ("", False)):
+        monkeypatch.setenv("HF_HUB_OFFLINE", value)
+        assert constants.hf_offline() is expected
+    monkeypatch.setenv("KERNEL_LOADER_TRUSTED_ORGS", " a, b ,,")
+    assert constants.trusted_orgs() == {"kernels-community", "a", "b"}
+    monkeypatch.setenv("LOCAL_KERNELS", "   ")
+    assert constants.local_kernels() is None
+    monkeypatch.setenv("KERNEL_LOADER_BACKEND", " CPU ")
+    assert constants.backend_override() == "cpu"
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert constants.hf_token() == "hf_x"
