@@ -316,8 +316,8 @@ def flash_attention_forward(
         mask = attention_mask.to(torch.bool)
         if k.shape[1] > mask.shape[-1]:  # static cache: keys beyond the mask are unused slots
             k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]
-        kp, _, cu_k, max_k = unpad_input(k, mask)
-        vp = v.reshape(-1, *v.shape[2:])[torch.nonzero(mask.flatten()).flatten()]
+        kp, idx_k, cu_k, max_k = unpad_input(k, mask)
+        vp = v.reshape(-1, *v.shape[2:])[idx_k]
         if q_len == mask.shape[-1]:
             qp, idx_q, cu_q, max_q = unpad_input(q, mask)
         else:
