@@ -21,7 +21,7 @@ _FWD_SM90: Dict[int, Config] = {
     32: (128, 64, 4, 4),
     64: (128, 64, 8, 3),
     128: (128, 64, 8, 3),
-    256: (128, 32, 8, 2),
+    256: (128, 64, 8, 2),
 }
 _FWD_SM80: Dict[int, Config] = {
     32: (128, 64, 4, 3),
@@ -35,23 +35,24 @@ _FWD_SM8X: Dict[int, Config] = {  # sm86/sm89: ~100 KB of shared memory per bloc
     128: (64, 64, 4, 2),
     256: (64, 32, 4, 1),
 }
-# Backward: ((BLOCK_M, BLOCK_N, num_warps, num_stages, keys_as_rows) for the dK/dV kernel,
+# Backward: ((BLOCK_M, BLOCK_N, num_warps, num_stages, mode) for the dK/dV kernel,
 #            (BLOCK_M, BLOCK_N, num_warps, num_stages) for the dQ kernel).
 # dK/dV holds two [BLOCK_N, D] fp32 accumulators, so registers are the limit: at D=128 only
-# 32-row query steps over 128 keys with 8 warps stay (almost) spill-free. keys_as_rows picks the
-# dK/dV formulation: True keeps k/v in registers (no transposes), False keeps them in shared
-# memory and transposes p and ds instead.
+# 32-row query steps over 128 keys with 8 warps stay (almost) spill-free. mode picks the dK/dV
+# formulation: "keys" = [keys, queries] tiles, k/v in registers, no transposes; "queries" =
+# [queries, keys] tiles, k/v in shared memory, p and ds transposed; "-2pass" = dV then dK in two
+# sweeps so only one accumulator is live (one extra q.k product per step).
 _BWD_SM90: Dict[int, tuple] = {
-    32: ((64, 128, 8, 3, True), (128, 64, 8, 3)),
-    64: ((64, 128, 8, 2, True), (128, 64, 8, 2)),
-    128: ((32, 128, 8, 2, True), (128, 64, 8, 2)),
-    256: ((32, 64, 8, 2, False), (64, 32, 8, 2)),
+    32: ((64, 128, 8, 3, "keys"), (128, 64, 8, 3)),
+    64: ((64, 128, 8, 3, "keys"), (128, 64, 8, 3)),
+    128: ((32, 128, 8, 3, "keys"), (128, 64, 8, 3)),
+    256: ((32, 32, 4, 2, "keys"), (64, 32, 8, 2)),
 }
 _BWD_SM80: Dict[int, tuple] = {
-    32: ((64, 64, 4, 2, True), (64, 64, 4, 2)),
-    64: ((64, 64, 4, 2, True), (64, 64, 4, 2)),
-    128: ((32, 64, 4, 2, True), (64, 32, 4, 2)),
-    256: ((32, 32, 4, 1, False), (32, 32, 4, 1)),
+    32: ((64, 64, 4, 2, "keys"), (64, 64, 4, 2)),
+    64: ((64, 64, 4, 2, "keys"), (64, 64, 4, 2)),
+    128: ((32, 64, 4, 2, "keys"), (64, 32, 4, 2)),
+    256: ((32, 32, 4, 1, "queries"), (32, 32, 4, 1)),
 }
 _INTERPRETER: Config = (16, 16, 4, 1)
 
@@ -72,11 +73,14 @@ def _table(kind: str, capability: Optional[Tuple[int, int]]) -> Dict[int, Config
 def pick(kind: str, capability: Optional[Tuple[int, int]], block_d: int) -> tuple:
     """The shipped config for ``kind`` ("fwd" or "bwd"); ``capability`` None = interpreter.
 
-    Under the interpreter both dK/dV formulations get exercised: small heads take the
-    keys-as-rows one, heads of 128 and more the other (as the GPU tables mostly do).
+    Under the interpreter every dK/dV formulation gets exercised: small heads take "keys",
+    padded head dim 128 "queries", 256 "keys-2pass".
     """
     if capability is None:
-        return _INTERPRETER if kind == "fwd" else (_INTERPRETER + (block_d < 128,), _INTERPRETER)
+        if kind == "fwd":
+            return _INTERPRETER
+        mode = "keys" if block_d < 128 else "queries" if block_d == 128 else "keys-2pass"
+        return (_INTERPRETER + (mode,), _INTERPRETER)
     return _table(kind, capability)[block_d]
 
 
@@ -98,8 +102,8 @@ def candidates(kind: str, block_d: int) -> List[Config]:
                         out.append((bm, bn, warps, stages))
                     else:
                         # dK/dV and dQ tiles are tuned together: the dQ tile is the transpose.
-                        for rows in (True, False):
-                            out.append(((bm, bn, warps, stages, rows), (bn, bm, warps, stages)))
+                        for mode in ("keys", "queries", "keys-2pass"):
+                            out.append(((bm, bn, warps, stages, mode), (bn, bm, warps, stages)))
     return out
 
 

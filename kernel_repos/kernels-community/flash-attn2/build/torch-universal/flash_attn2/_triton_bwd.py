@@ -71,7 +71,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                     MASKED: tl.constexpr, EVEN_D: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr):
+                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
+                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
     offs_mb = tl.arange(0, BLOCK_M)
     for m0 in range(start, end, BLOCK_M):
         offs_m = m0 + offs_mb
@@ -106,7 +107,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                                HAS_LEFT, HAS_RIGHT, True)
                 sT = tl.where(okT, sT, float("-inf"))
             pT = tl.exp2(sT - lse2[None, :])
-            dpT = tl.dot(v, tl.trans(do))
+            dpT = tl.zeros_like(pT)
+            if WANT_DK:
+                dpT = tl.dot(v, tl.trans(do))
             if HAS_DROPOUT:
                 keepT = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, True)
                 inv_keep = 1.0 / (1.0 - dropout_p)
@@ -114,12 +117,14 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                 dpT = tl.where(keepT, dpT * inv_keep, 0.0)
             else:
                 pdT = pT
-            dv = tl.dot(pdT.to(do.dtype), do, dv)
-            dsT = pT * (dpT - delta[None, :])
-            if HAS_SOFTCAP:
-                t = _tanh(qkT * softcap_scale)
-                dsT = dsT * (1.0 - t * t)
-            dk = tl.dot(dsT.to(q.dtype), q, dk)
+            if WANT_DV:
+                dv = tl.dot(pdT.to(do.dtype), do, dv)
+            if WANT_DK:
+                dsT = pT * (dpT - delta[None, :])
+                if HAS_SOFTCAP:
+                    t = _tanh(qkT * softcap_scale)
+                    dsT = dsT * (1.0 - t * t)
+                dk = tl.dot(dsT.to(q.dtype), q, dk)
         else:
             # Tiles are [queries, keys]: k and v stay in shared memory as right operands (fewer
             # registers at large head dims) at the price of transposing p and ds.
@@ -131,7 +136,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                               HAS_LEFT, HAS_RIGHT)
                 s = tl.where(ok, s, float("-inf"))
             p = tl.exp2(s - lse2[:, None])
-            dp = tl.dot(do, tl.trans(v))
+            dp = tl.zeros_like(p)
+            if WANT_DK:
+                dp = tl.dot(do, tl.trans(v))
             if HAS_DROPOUT:
                 keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
                 inv_keep = 1.0 / (1.0 - dropout_p)
@@ -139,12 +146,58 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
                 dp = tl.where(keep, dp * inv_keep, 0.0)
             else:
                 pd = p
-            dv = tl.dot(tl.trans(pd.to(do.dtype)), do, dv)
-            ds = p * (dp - delta[:, None])
-            if HAS_SOFTCAP:
-                t = _tanh(qk * softcap_scale)
-                ds = ds * (1.0 - t * t)
-            dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+            if WANT_DV:
+                dv = tl.dot(tl.trans(pd.to(do.dtype)), do, dv)
+            if WANT_DK:
+                ds = p * (dp - delta[:, None])
+                if HAS_SOFTCAP:
+                    t = _tanh(qk * softcap_scale)
+                    ds = ds * (1.0 - t * t)
+                dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q, q_start,
+                    stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
+                    stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
+                    offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
+                    window_left, window_right, qk_scale, softcap_scale, softcap, seed,
+                    rng_sq, rng_sk, dropout_p, EVEN_D: tl.constexpr, HAS_LEFT: tl.constexpr,
+                    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                    HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
+                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
+    """Accumulate dK/dV of one key block over the query heads of its GQA group."""
+    b = b64
+    for g in range(0, group):
+        h = hk * group + g
+        slope2 = 0.0
+        if HAS_ALIBI:
+            slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
+        rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
+        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
+        do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
+        lse_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
+        delta_base = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, lo, flo,
+                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
+                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
+                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, WANT_DK, WANT_DV)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, flo, fhi,
+                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
+                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
+                                 dropout_p, False, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, WANT_DK, WANT_DV)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, fhi, hi,
+                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
+                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
+                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, WANT_DK, WANT_DV)
+
     return dk, dv
 
 
@@ -166,7 +219,7 @@ def _bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    KEYS_AS_ROWS: tl.constexpr,
+    KEYS_AS_ROWS: tl.constexpr, TWO_PASS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -201,6 +254,8 @@ def _bwd_dkdv_kernel(
                 mask=kv_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
+    dv_ptrs = DV + b64 * stride_dvb + hk * stride_dvh + krow[:, None] * stride_dvn + offs_d[None, :]
 
     # Query rows that can see keys [n0, n0+BLOCK_N), and the rows where no mask is needed.
     lo = 0
@@ -222,40 +277,35 @@ def _bwd_dkdv_kernel(
     flo = tl.minimum(tl.maximum(flo, lo), hi)
     fhi = tl.maximum(tl.minimum(fhi, hi), flo)
 
-    for g in range(0, group):
-        h = hk * group + g
-        slope2 = 0.0
-        if HAS_ALIBI:
-            slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
-        rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
-        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
-        do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
-        lse_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
-        delta_base = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, lo, flo,
-                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
-                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
-                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, flo, fhi,
-                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
-                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
-                                 dropout_p, False, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, fhi, hi,
-                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
-                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
-                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS)
-
-    dk = dk * sm_scale
-    dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
-    dv_ptrs = DV + b64 * stride_dvb + hk * stride_dvh + krow[:, None] * stride_dvn + offs_d[None, :]
-    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    if TWO_PASS:
+        # dV first, stored, then dK: one [BLOCK_N, D] accumulator live at a time (large heads),
+        # for one extra q.k product per step.
+        dk, dv = _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q,
+                                 q_start, stride_qb, stride_qm, stride_qh, stride_dob, stride_dom,
+                                 stride_doh, stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
+                                 offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
+                                 window_left, window_right, qk_scale, softcap_scale, softcap, seed,
+                                 rng_sq, rng_sk, dropout_p, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, False, True)
+        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+        dk, dv = _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q,
+                                 q_start, stride_qb, stride_qm, stride_qh, stride_dob, stride_dom,
+                                 stride_doh, stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
+                                 offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
+                                 window_left, window_right, qk_scale, softcap_scale, softcap, seed,
+                                 rng_sq, rng_sk, dropout_p, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, True, False)
+        tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    else:
+        dk, dv = _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q,
+                                 q_start, stride_qb, stride_qm, stride_qh, stride_dob, stride_dom,
+                                 stride_doh, stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
+                                 offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
+                                 window_left, window_right, qk_scale, softcap_scale, softcap, seed,
+                                 rng_sq, rng_sk, dropout_p, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, True, True)
+        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
+        tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
@@ -479,13 +529,14 @@ def attention_backward(
     )
 
     def launch(cfg):
-        (bm_, bn_, w_, s_, rows_), (bm2, bn2, w2, s2) = cfg
+        (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
         _bwd_dkdv_kernel[(triton.cdiv(sk_max, bn_), batch * hk)](
             q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi,
             *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
             *_strides3(do, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
             sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars,
-            BLOCK_M=bm_, BLOCK_N=bn_, KEYS_AS_ROWS=rows_, num_warps=w_, num_stages=s_, **common,
+            BLOCK_M=bm_, BLOCK_N=bn_, KEYS_AS_ROWS=mode in ("keys", "keys-2pass"),
+            TWO_PASS=mode.endswith("2pass"), num_warps=w_, num_stages=s_, **common,
         )
         _bwd_dq_kernel[(triton.cdiv(sq_max, bm2), batch * hq)](
             q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi,
