@@ -173,10 +173,12 @@ def list_cached(cache_dir: str | Path | None = None) -> list[CachedRepo]:
 
 
 def prune(cache_dir: str | Path | None = None, keep_shas: set[str] | None = None, dry_run: bool = False) -> list[Path]:
-    """Remove cached kernel snapshots that no ref (and no sha in ``keep_shas``) points to.
+    """Remove cached kernel snapshots superseded by a newer download.
 
-    Blobs no longer used by any snapshot are removed too. Returns what was (or, with
-    ``dry_run``, would be) removed.
+    A snapshot goes when its repo has refs (branches/tags recorded by downloads), none of them
+    points to it, and its sha is not in ``keep_shas``. Repos fetched only by sha (e.g. from a
+    lock file) have no refs and are kept whole. Blobs no longer used by any snapshot are removed
+    too. Returns what was (or, with ``dry_run``, would be) removed.
 
     Raises:
         OSError: the cache is read-only or a file cannot be removed.
@@ -184,6 +186,8 @@ def prune(cache_dir: str | Path | None = None, keep_shas: set[str] | None = None
     keep = set(keep_shas or ())
     removed: list[Path] = []
     for repo in list_cached(cache_dir):
+        if not repo.refs:
+            continue
         live = set(repo.refs.values()) | keep
         for sha in repo.snapshots:
             if sha not in live:

@@ -259,8 +259,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print("  (no kernels)")
         return EXIT_OK
     keep = set()
-    for lock in args.keep_lock or []:
+    locks = list(args.keep_lock or [])
+    if not locks and lockfile.find_lockfile() is not None:
+        locks.append(str(lockfile.find_lockfile()))  # never prune what the project's lock pins
+    for lock in locks:
         keep |= {e.sha for e in lockfile.read_lock(lock)}
+        if not args.json:
+            print(f"keeping the shas pinned in {lock}")
     removed = cache.prune(keep_shas=keep, dry_run=args.dry_run)
     if args.json:
         _print_json({"removed": [str(p) for p in removed], "dry_run": args.dry_run})
@@ -380,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     csub = p.add_subparsers(dest="cache_command", required=True)
     q = csub.add_parser("ls", help="cached kernel repos, revisions and variants")
     q.add_argument("--json", action="store_true")
-    q = csub.add_parser("prune", help="remove snapshots no ref (or --keep-lock) points to")
-    q.add_argument("--keep-lock", action="append", help="keep the shas pinned in this lock file (repeatable)")
+    q = csub.add_parser("prune", help="remove snapshots superseded by newer downloads (locked shas are kept)")
+    q.add_argument("--keep-lock", action="append",
+                   help="keep the shas pinned in this lock file (repeatable; default: the nearest kernels.lock)")
     q.add_argument("--dry-run", action="store_true")
     q.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cache)

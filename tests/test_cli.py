@@ -86,7 +86,8 @@ def test_explain_attention_backend_name(hub_env, capsys):
     assert code == 0 and "flash" in out.lower()
 
 
-def test_cache_ls_and_prune(hub_env, hub_server, capsys):
+def test_cache_ls_and_prune(hub_env, hub_server, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no kernels.lock around
     repo_id = hub_server.new_repo_id("prunable", org="kernels-community")
     first = hub_server.add_repo(repo_id, {f"build/torch-universal/{k}": v for k, v in kernel_files(1, "prunable").items()})
     assert run(capsys, "download", f"{repo_id}@main")[0] == 0
@@ -104,6 +105,12 @@ def test_cache_ls_and_prune(hub_env, hub_server, capsys):
     assert sorted(p.name for p in snaps.iterdir()) == [second]
     code, out, _ = run(capsys, "cache", "ls")
     assert repo_id in out and second[:12] in out and "[main]" in out
+    # a snapshot fetched by sha only (as `download --lock` does) has no ref: prune keeps it
+    pinned = hub_server.new_repo_id("pinned", org="kernels-community")
+    pinned_sha = hub_server.add_repo(pinned, {f"build/torch-universal/{k}": v for k, v in kernel_files(1, "pinned").items()})
+    assert run(capsys, "download", f"{pinned}@{pinned_sha}")[0] == 0
+    run(capsys, "cache", "prune")
+    assert cache.find_snapshot(pinned, pinned_sha, hub_env.cache_dir) is not None
 
 
 def test_doctor_json(hub_env, capsys):
