@@ -15,7 +15,7 @@ forces all 256); decode tokens/s = 8 * 256 / (generate time - prefill time). Bef
 bridge's bf16 parity on the GPU: last hidden states of small Llama / Qwen2 (sliding window) /
 Gemma2 (softcap) models and of the 1B model vs sdpa (Gemma2: eager) on non-padded positions of a
 left-padded batch, with the tolerance transformers' FlashAttention tests use (atol = rtol = 4e-2),
-and greedy tokens of the small Llama.
+greedy tokens of the small Llama and its gradients after one backward pass.
 
     PYTHONPATH=. python3 bench/e2e_transformers.py [out_dir]           # on the GPU machine
     PYTHONPATH=. python3 bench/e2e_transformers.py /tmp/out --smoke    # tiny sizes, any machine
@@ -143,6 +143,19 @@ def parity_checks(transformers: Any, device: str, dtype: Any, sizes: dict[str, A
             with torch.no_grad():
                 same = torch.equal(ours.generate(ids, **kwargs), ref.generate(ids, **kwargs))
             row["greedy_16_tokens_identical"] = bool(same)
+            # one training step's gradients (backward through the kernel), relative to the reference's
+            labels = ids.masked_fill(mask == 0, -100)
+            for model in (ref, ours):
+                model.train()
+                model.zero_grad()
+                model(ids, attention_mask=mask, labels=labels).loss.backward()
+            worst = 0.0
+            for (n, p_ref), (_, p_ours) in zip(ref.named_parameters(), ours.named_parameters()):
+                if p_ref.grad is not None:
+                    g_ref, g_ours = p_ref.grad.float(), p_ours.grad.float()
+                    rel = (torch.linalg.vector_norm(g_ours - g_ref) / torch.linalg.vector_norm(g_ref).clamp_min(1e-12)).item()
+                    worst = max(worst, rel)
+            row["grad_worst_rel_err"] = worst
         results[name] = row
         del ref, ours
     return results
@@ -256,17 +269,18 @@ def _markdown(result: dict[str, Any]) -> str:
         )
     lines += ["", f"Parity of the bridge in {result['dtype']} (last hidden states on non-padded positions of a left-padded batch, "
               f"vs the reference; tolerance atol = rtol = {PARITY_TOL}):", "",
-              "| model | reference | max abs diff | mean abs diff | rel err | within tol | greedy tokens identical |",
-              "|---|---|---|---|---|---|---|"]
+              "| model | reference | max abs diff | mean abs diff | rel err | within tol | greedy tokens identical | grad rel err (worst tensor) |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, row in result["parity"].items():
+        grad = f"{row['grad_worst_rel_err']:.3g}" if "grad_worst_rel_err" in row else "—"
         lines.append(
             f"| {name} | {row['reference']} | {row['max_abs_diff']:.3g} | {row['mean_abs_diff']:.3g} | "
-            f"{row['rel_err']:.3g} | {row['within_tol']} | {row.get('greedy_16_tokens_identical', '—')} |"
+            f"{row['rel_err']:.3g} | {row['within_tol']} | {row.get('greedy_16_tokens_identical', '—')} | {grad} |"
         )
     big = bench["big_model_parity"]
     lines.append(
         f"| 1B model, {sizes['big_parity'][0]} x {sizes['big_parity'][1]} | sdpa | {big['max_abs_diff']:.3g} | "
-        f"{big['mean_abs_diff']:.3g} | {big['rel_err']:.3g} | {big['within_tol']} | — |"
+        f"{big['mean_abs_diff']:.3g} | {big['rel_err']:.3g} | {big['within_tol']} | — | — |"
     )
     return "\n".join(lines) + "\n"
 
