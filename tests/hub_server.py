@@ -41,8 +41,10 @@ Fixtures
     ``KERNEL_LOADER_NO_BUNDLED``. It restarts the server if an earlier test left it stopped.
 
     huggingface_hub reads these variables once, at import; ``hub_env`` therefore also patches
-    ``huggingface_hub.constants`` (ENDPOINT, HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE) and the
-    endpoint of the module-level ``huggingface_hub.model_info``-style API object. To go offline
+    ``huggingface_hub.constants`` (ENDPOINT, HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE, the URL
+    template, and 0.x's copy of it in ``file_download``), the endpoint of the module-level
+    ``huggingface_hub.model_info``-style API object, and drops huggingface_hub's cached HTTP
+    sessions before and after the test. To go offline
     inside a test call ``hub_env.set_offline()``: a bare ``monkeypatch.setenv("HF_HUB_OFFLINE", "1")``
     is not seen by an already-imported huggingface_hub. Code under test that reads ``os.environ``
     at call time sees the variables as well.
@@ -576,12 +578,14 @@ def hub_env(hub_server: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     import huggingface_hub.constants as hf_constants
     import huggingface_hub.hf_api as hf_api
 
+    import huggingface_hub.file_download as hf_file_download
+
+    url_template = hub_server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
     monkeypatch.setattr(hf_constants, "ENDPOINT", hub_server.endpoint)
-    monkeypatch.setattr(
-        hf_constants,
-        "HUGGINGFACE_CO_URL_TEMPLATE",
-        hub_server.endpoint + "/{repo_id}/resolve/{revision}/{filename}",
-    )
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", url_template)
+    if hasattr(hf_file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):
+        # huggingface_hub 0.x builds download URLs from its own import-time copy.
+        monkeypatch.setattr(hf_file_download, "HUGGINGFACE_CO_URL_TEMPLATE", url_template)
     monkeypatch.setattr(hf_constants, "HF_HOME", str(hf_home))
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_home / "hub"))
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)

@@ -6,6 +6,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import huggingface_hub.file_download  # noqa: F401  imported before hub_env, as in the real suite
 import pytest
 
 import hub_server as hub_module
