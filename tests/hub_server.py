@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import socket
@@ -157,6 +158,11 @@ def reset_hub_sessions() -> None:
         reset_sessions()
 
 
+def _toml_str(value: object) -> str:
+    # A JSON string is a valid TOML basic string (Windows backslashes included).
+    return json.dumps(str(value))
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -221,10 +227,10 @@ class HubServer:
             "[basic]\n"
             'host = "127.0.0.1"\n'
             f"port = {self.port}\n"
-            f"repos-path = {str(self.root / 'olah-cache')!r}\n"
+            f"repos-path = {_toml_str(self.root / 'olah-cache')}\n"
             f'mirror-netloc = "{netloc}"\n'
             f'mirror-lfs-netloc = "{netloc}"\n'
-            f"mirrors-path = [{str(self.repos_dir)!r}]\n"
+            f"mirrors-path = [{_toml_str(self.repos_dir)}]\n"
             "\n[accessibility]\n"
             "offline = true\n",
             encoding="utf-8",
