@@ -213,6 +213,40 @@ def test_model_without_flash_support_is_refused(bridge):
         tiny_llama("flash_attention_2", cls=NoFlashLlama)
 
 
+def test_transformers_mask_patterns_reach_the_flash_formatter_labelled(bridge):
+    """transformers' own mask functions are recognised: expressible patterns give the 2D padding
+    mask (or None), and patterns FlashAttention cannot apply raise instead of being dropped."""
+    import transformers.masking_utils as mu
+
+    from kernel_loader.errors import UnsupportedAttentionOptionError
+
+    tiny_llama(KERNEL)
+    fmt = registries()[1][KERNEL]
+    padding = torch.ones(2, 10, dtype=torch.bool)
+    padding[1, :3] = False
+
+    def call(mask_function, attention_mask):
+        if "cache_position" in inspect.signature(mu.sdpa_mask).parameters:  # 4.57
+            sizes = dict(cache_position=torch.arange(10), kv_length=10, kv_offset=0)
+        else:
+            sizes = dict(q_length=10, kv_length=10, q_offset=0, kv_offset=0)
+        return fmt(batch_size=2, mask_function=mask_function, attention_mask=attention_mask, **sizes)
+
+    assert call(mu.causal_mask_function, torch.ones(2, 10, dtype=torch.bool)) is None
+    assert torch.equal(call(mu.causal_mask_function, padding), padding)
+    assert torch.equal(call(mu.sliding_window_causal_mask_function(4), padding), padding)
+    packed = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(torch.zeros(2, 10, dtype=torch.long)))
+    assert call(packed, None) is None
+
+    def image_tokens(batch_idx, head_idx, q_idx, kv_idx):  # a Gemma3-style bidirectional block
+        return (q_idx < 4) & (kv_idx < 4)
+
+    with pytest.raises(UnsupportedAttentionOptionError, match="FlashAttention cannot apply"):
+        call(mu.or_masks(mu.causal_mask_function, image_tokens), padding)
+    with pytest.raises(UnsupportedAttentionOptionError):
+        call(image_tokens, padding)
+
+
 # ---------------------------------------------------------------------------------------------
 # the `kernels` package
 
