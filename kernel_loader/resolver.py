@@ -237,6 +237,18 @@ def _resolve_hub(req: Request, machine: Machine) -> Resolution:
         raise KernelNotFoundError(
             f"{req.what}: {exc}. Check the id (and HF_ENDPOINT/HF_TOKEN), or see `kernel-loader explain {repo_id}`."
         ) from None
+    try:
+        return _resolve_remote(req, machine, remote)
+    except hub.HubUnreachable as exc:  # the connection dropped after the refs were read
+        return _resolve_offline(req, machine, f"the Hub at {constants.hf_endpoint()} stopped answering ({exc})")
+    except hub.HubRepoMissing as exc:
+        raise KernelNotFoundError(
+            f"{req.what}: {exc}. See `kernel-loader explain {repo_id}`; the revision may have been rewritten."
+        ) from None
+
+
+def _resolve_remote(req: Request, machine: Machine, remote: hub.RemoteRepo) -> Resolution:
+    repo_id = req.ref.repo_id
     named = {**remote.tags, **remote.branches}
     ref_name, sha = _pick_ref(req, remote.versions(), named, f"on {constants.hf_endpoint()}")
     if ref_name == sha and not hub.commit_exists(repo_id, remote.repo_type, sha):

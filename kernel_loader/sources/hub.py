@@ -58,7 +58,7 @@ def _api() -> Any:
     )
 
 
-def _unreachable(exc: BaseException) -> bool:
+def _unreachable(exc: BaseException, depth: int = 0) -> bool:
     from huggingface_hub import errors
 
     if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)):
@@ -72,7 +72,7 @@ def _unreachable(exc: BaseException) -> bool:
         if module in ("requests", "urllib3") and cls.__name__ in ("ConnectionError", "Timeout", "NewConnectionError"):
             return True
     cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and _unreachable(cause)
+    return cause is not None and cause is not exc and depth < 8 and _unreachable(cause, depth + 1)
 
 
 def _missing(exc: BaseException) -> bool:
@@ -86,6 +86,34 @@ def _missing(exc: BaseException) -> bool:
         return True
     response = getattr(exc, "response", None)
     return getattr(response, "status_code", None) in (401, 403, 404)
+
+
+def _retrying(call):
+    """Run ``call()``; on a transport failure try once more before calling the Hub unreachable.
+
+    A pooled keep-alive connection the server has since closed (olah does after an error
+    answer) fails once with "connection reset"; a fresh connection then works.
+    """
+    try:
+        return call()
+    except Exception as exc:
+        if not _stale_connection(exc):
+            raise
+    return call()
+
+
+def _stale_connection(exc: BaseException | None) -> bool:
+    # Only a dropped keep-alive connection is worth an immediate retry; a refused connection or
+    # a timeout would just fail (slowly) again.
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+            return True
+        if type(exc).__name__ in ("RemoteProtocolError", "ReadError", "ServerDisconnectedError"):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _repo_types() -> tuple[str, ...]:
@@ -109,7 +137,7 @@ def remote_repo(repo_id: str) -> RemoteRepo:
     errors = []
     for repo_type in _repo_types():
         try:
-            refs = api.list_repo_refs(repo_id, repo_type=repo_type)
+            refs = _retrying(lambda: api.list_repo_refs(repo_id, repo_type=repo_type))
         except Exception as exc:  # classified below; anything else is a real error
             if _unreachable(exc):
                 raise HubUnreachable(f"{constants.hf_endpoint()}: {type(exc).__name__}: {exc}") from exc
@@ -133,7 +161,7 @@ def commit_exists(repo_id: str, repo_type: str, sha: str) -> bool:
         HubUnreachable: the Hub cannot be reached.
     """
     try:
-        info = _api().repo_info(repo_id, repo_type=repo_type, revision=sha)
+        info = _retrying(lambda: _api().repo_info(repo_id, repo_type=repo_type, revision=sha))
     except Exception as exc:
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
@@ -154,7 +182,9 @@ def list_variants(repo_id: str, repo_type: str, revision: str) -> list[str]:
     from huggingface_hub.hf_api import RepoFolder
 
     try:
-        tree = list(_api().list_repo_tree(repo_id, path_in_repo="build", repo_type=repo_type, revision=revision))
+        tree = _retrying(
+            lambda: list(_api().list_repo_tree(repo_id, path_in_repo="build", repo_type=repo_type, revision=revision))
+        )
     except Exception as exc:
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
@@ -176,10 +206,13 @@ def variant_file_digests(repo_id: str, repo_type: str, sha: str, variant: str) -
 
     prefix = f"build/{variant}/"
     try:
-        tree = _api().list_repo_tree(
-            repo_id, path_in_repo=prefix.rstrip("/"), repo_type=repo_type, revision=sha, recursive=True
+        items = _retrying(
+            lambda: list(
+                _api().list_repo_tree(
+                    repo_id, path_in_repo=prefix.rstrip("/"), repo_type=repo_type, revision=sha, recursive=True
+                )
+            )
         )
-        items = list(tree)
     except Exception as exc:
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
@@ -206,14 +239,16 @@ def read_metadata(repo_id: str, repo_type: str, revision: str, variant: str, cac
     from huggingface_hub import hf_hub_download
 
     try:
-        path = hf_hub_download(
-            repo_id,
-            f"build/{variant}/metadata.json",
-            repo_type=repo_type,
-            revision=revision,
-            cache_dir=str(cache_dir),
-            endpoint=constants.hf_endpoint(),
-            token=constants.hf_token(),
+        path = _retrying(
+            lambda: hf_hub_download(
+                repo_id,
+                f"build/{variant}/metadata.json",
+                repo_type=repo_type,
+                revision=revision,
+                cache_dir=str(cache_dir),
+                endpoint=constants.hf_endpoint(),
+                token=constants.hf_token(),
+            )
         )
     except Exception as exc:
         if _unreachable(exc):
@@ -239,17 +274,21 @@ def download_variants(repo_id: str, repo_type: str, revision: str, variants: lis
     from huggingface_hub import snapshot_download
 
     try:
-        path = snapshot_download(
-            repo_id,
-            repo_type=repo_type,
-            revision=revision,
-            cache_dir=str(cache_dir),
-            allow_patterns=[f"build/{v}/*" for v in variants],
-            endpoint=constants.hf_endpoint(),
-            token=constants.hf_token(),
+        path = _retrying(
+            lambda: snapshot_download(
+                repo_id,
+                repo_type=repo_type,
+                revision=revision,
+                cache_dir=str(cache_dir),
+                allow_patterns=[f"build/{v}/*" for v in variants],
+                endpoint=constants.hf_endpoint(),
+                token=constants.hf_token(),
+            )
         )
     except Exception as exc:
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
+        if _missing(exc):
+            raise HubRepoMissing(f"{repo_id}@{revision}: build/{', build/'.join(variants)} could not be fetched ({type(exc).__name__})") from exc
         raise
     return Path(path)
