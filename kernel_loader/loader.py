@@ -135,8 +135,9 @@ def get_local_kernel(path: str | Path, *, backend: str | None = None) -> ModuleT
 def _safe(name: str) -> str:
     import re
 
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip(".-") or "kernel"
-    return cleaned.replace("--", "-").replace("..", ".")[:96]
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", name)
+    cleaned = re.sub(r"-{2,}", "-", re.sub(r"\.{2,}", ".", cleaned))[:96].strip("._-")
+    return cleaned or "kernel"
 
 
 def has_kernel(repo_id: str, revision: str | None = None, *, version: int | None = None) -> bool:

@@ -277,6 +277,35 @@ def _lock_for(repo_id: str, lockfile: str | Path | None) -> tuple[Path, LockEntr
     raise LockfileError(f"{repo_id} is not locked in {path}. Add it to pyproject.toml and run `kernel-loader lock`.")
 
 
+def _shipped_match(repo_id: str, entry: LockEntry, machine, res: Resolution) -> Resolution | None:
+    """The shipped copy, if one of its variants has exactly the locked content (hash-checked)."""
+    from kernel_loader.sources import bundled
+
+    root = bundled.bundled_repo(repo_id)
+    if root is None:
+        return None
+    names = [n for n in entry.variants if (root / "build" / n).is_dir() and entry.variants[n].get("hash")]
+    chosen, decisions = select_variant(names, machine, lambda v: _read_meta(root / "build" / v))
+    if chosen is None:
+        return None
+    expected = entry.variants[chosen]
+    if hashing.hash_folder(root / "build" / chosen, expected.get("files") or {})[0] != expected["hash"]:
+        return None
+    res.source, res.variant, res.path, res.decisions = "bundled", chosen, root / "build" / chosen, decisions
+    res.notes.append("not in the cache; the shipped copy has exactly the locked files (hash checked)")
+    res.notes.append("lock pinned: no network call")
+    bundled.warn_bundled(repo_id, f"it matches the hash locked in {res.lockfile} and the cache lacks it")
+    return res
+
+
+def _read_meta(path: Path) -> dict | None:
+    try:
+        value = json.loads((path / "metadata.json").read_text())
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
 def resolve_locked(repo_id: str, lockfile: str | Path | None = None, machine=None) -> Resolution:
     """Resolve a lock-pinned kernel from the cache (no network call), verified against the lock.
 
@@ -304,6 +333,9 @@ def resolve_locked(repo_id: str, lockfile: str | Path | None = None, machine=Non
     res.decisions = decisions
     fetch = f"`kernel-loader download --lock {path}`"
     if chosen is None:
+        shipped = _shipped_match(repo_id, entry, machine, res) if chosen_all is not None else None
+        if shipped is not None:
+            return shipped
         if chosen_all is not None:
             raise OfflineKernelMissingError(
                 f"{repo_id}@{entry.sha[:12]} (locked in {path}): variant {chosen_all} is not in the cache "

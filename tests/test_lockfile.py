@@ -108,3 +108,26 @@ def test_bad_locks_and_pyprojects(tmp_path):
     py.write_text('[tool.kernels.dependencies]\n"a/b" = 1.5\n')
     with pytest.raises(LockfileError, match="version number or a revision"):
         lockfile.read_dependencies(py)
+
+
+def test_shipped_copy_serves_a_lock_when_its_files_match(hub_env, hub_server, tmp_path, monkeypatch):
+    from kernel_loader.sources import bundled
+
+    sha = hub_server.add_shipped_repo("kernels-community/flash-attn2", versions=(1,))
+    entry = lockfile.lock_entry_from_hub("kernels-community/flash-attn2", 1)
+    assert entry.sha == sha
+    lock_path = lockfile.write_lock([entry], tmp_path / "kernels.lock")
+    monkeypatch.setattr(bundled, "_warned", set())
+    with pytest.warns(bundled.BundledKernelWarning, match="matches the hash locked"):
+        res = lockfile.resolve_locked("kernels-community/flash-attn2", lock_path)  # empty cache
+    assert res.source == "bundled" and res.sha == sha and res.variant == "torch-universal"
+    # a lock whose hash differs from the shipped files is not served by the shipped copy
+    entry.variants["torch-universal"]["hash"] = "sha256-" + "0" * 64
+    lockfile.write_lock([entry], lock_path)
+    with pytest.raises(OfflineKernelMissingError, match="kernel-loader download --lock"):
+        lockfile.resolve_locked("kernels-community/flash-attn2", lock_path)
+    monkeypatch.setenv("KERNEL_LOADER_NO_BUNDLED", "1")
+    entry = lockfile.lock_entry_from_hub("kernels-community/flash-attn2", 1)
+    lockfile.write_lock([entry], lock_path)
+    with pytest.raises(OfflineKernelMissingError):
+        lockfile.resolve_locked("kernels-community/flash-attn2", lock_path)
