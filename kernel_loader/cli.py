@@ -341,19 +341,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``kernel-loader`` argument parser."""
     parser = argparse.ArgumentParser(prog="kernel-loader", description="Fetch, check and explain kernels from the Hub.")
     parser.add_argument("--cache-dir", help="kernel cache folder (default: KERNEL_LOADER_CACHE, else the HF cache)")
+    # Every verb also accepts --cache-dir after it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", dest="sub_cache_dir", metavar="CACHE_DIR", help="kernel cache folder")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("download", help="fetch kernels into the cache (ids or --lock)")
+    p = sub.add_parser("download", parents=[common], help="fetch kernels into the cache (ids or --lock)")
     p.add_argument("ids", nargs="*", help="kernel ids: org/name[@revision]")
     p.add_argument("--lock", help="download every kernel pinned in this lock file")
     p.add_argument("--version", type=int, help="version N (branch vN) for the ids")
     p.add_argument("--all-variants", action="store_true", help="every build variant, not just this machine's")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--cache-dir", dest="sub_cache_dir", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_download)
 
-    p = sub.add_parser("lock", help="write kernels.lock from [tool.kernels.dependencies] in pyproject.toml")
+    p = sub.add_parser("lock", parents=[common], help="write kernels.lock from [tool.kernels.dependencies] in pyproject.toml")
     p.add_argument("project", nargs="?", default=".", help="project folder or pyproject.toml (default: .)")
     p.add_argument("--output", "-o", help="lock file path (default: kernels.lock next to pyproject.toml)")
     p.add_argument("--format", choices=("kernel_loader", "kernels"), default="kernel_loader",
@@ -366,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("explain", "how a kernel id resolves here: source, sha, variant, and why others were rejected"),
         ("variants", "every build variant of a kernel and whether it fits this machine"),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, parents=[common], help=help_text)
         p.add_argument("name", help="kernel id (org/name[@rev]) or flash_attention_2 / flash_attention_3")
         p.add_argument("--revision")
         p.add_argument("--version", type=int)
@@ -376,23 +378,23 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser("verify", help="re-hash cached kernels against a lock file")
+    p = sub.add_parser("verify", parents=[common], help="re-hash cached kernels against a lock file")
     p.add_argument("--lock", help="lock file (default: the nearest kernels.lock)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("cache", help="list or prune the kernel cache")
+    p = sub.add_parser("cache", parents=[common], help="list or prune the kernel cache")
     csub = p.add_subparsers(dest="cache_command", required=True)
-    q = csub.add_parser("ls", help="cached kernel repos, revisions and variants")
+    q = csub.add_parser("ls", parents=[common], help="cached kernel repos, revisions and variants")
     q.add_argument("--json", action="store_true")
-    q = csub.add_parser("prune", help="remove snapshots superseded by newer downloads (locked shas are kept)")
+    q = csub.add_parser("prune", parents=[common], help="remove snapshots superseded by newer downloads (locked shas are kept)")
     q.add_argument("--keep-lock", action="append",
                    help="keep the shas pinned in this lock file (repeatable; default: the nearest kernels.lock)")
     q.add_argument("--dry-run", action="store_true")
     q.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_cache)
 
-    p = sub.add_parser("doctor", help="torch / backend / GPU / triton / cache / endpoint summary")
+    p = sub.add_parser("doctor", parents=[common], help="torch / backend / GPU / triton / cache / endpoint summary")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_doctor)
     return parser
