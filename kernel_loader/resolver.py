@@ -312,11 +312,12 @@ def resolve(req: Request) -> Resolution:
         raise InvalidKernelRefError(str(exc)) from None
     if override is not None:
         return resolve_local(req, override, "LOCAL_KERNELS override")
-    if bundled.bundled_repo(req.ref.repo_id) is None:
-        trust.check_trust(req.ref.repo_id, req.trust_remote_code)
-    elif not trust.is_trusted(req.ref.repo_id, req.trust_remote_code):
-        # A shipped repo is trusted as shipped; its Hub copy from an untrusted org is not.
-        return _bundled_or_raise(req, "its org is not trusted for Hub downloads")
+    if not trust.is_trusted(req.ref.repo_id, req.trust_remote_code):
+        # A shipped repo is trusted as shipped; a Hub or cached copy from an untrusted org is not.
+        shipped = resolve_bundled(req, "its org is not trusted for Hub downloads")
+        if shipped is not None:
+            return shipped
+        trust.check_trust(req.ref.repo_id, req.trust_remote_code)  # raises UntrustedKernelError
     if cache.is_sha(req.ref.revision):
         res = _from_cache(req, machine, req.ref.revision, req.ref.revision, "sha pinned: no network call")
         if res is not None:
@@ -325,11 +326,3 @@ def resolve(req: Request) -> Resolution:
         why = "local_files_only=True" if req.local_files_only else "HF_HUB_OFFLINE=1"
         return _resolve_offline(req, machine, why)
     return _resolve_hub(req, machine)
-
-
-def _bundled_or_raise(req: Request, why: str) -> Resolution:
-    res = resolve_bundled(req, why)
-    if res is None:
-        trust.check_trust(req.ref.repo_id, req.trust_remote_code)
-        raise AssertionError("unreachable")  # check_trust raised
-    return res
