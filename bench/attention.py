@@ -141,7 +141,7 @@ def measure(provider: str, fn: Callable, batch: int, seq: int, dim: int, causal:
 
 def dense_rows(dims=HEAD_DIMS, seqs=SEQS, with_flex: bool = True, deadline: Optional[float] = None,
                flex_deadline: Optional[float] = None, hard_deadline: Optional[float] = None,
-               names=None, log=print) -> List[dict]:
+               names=None, flex_dims=HEAD_DIMS, log=print) -> List[dict]:
     """One row per (head dim, seq, causal). Past ``deadline`` only our kernel is timed, past
     ``flex_deadline`` FlexAttention (slow to compile) is left out, past ``hard_deadline`` nothing."""
     rows = []
@@ -152,7 +152,8 @@ def dense_rows(dims=HEAD_DIMS, seqs=SEQS, with_flex: bool = True, deadline: Opti
                     log(f"skipped d={dim} seq={seq} causal={causal}: time budget")
                     continue
                 batch = TOKENS // seq
-                use_flex = with_flex and (flex_deadline is None or time.time() < flex_deadline)
+                use_flex = (with_flex and dim in flex_dims
+                            and (flex_deadline is None or time.time() < flex_deadline))
                 result = {"dim": dim, "seq": seq, "causal": causal, "batch": batch, "heads": HEADS}
                 for name, fn in providers(causal, use_flex, names).items():
                     if deadline is not None and time.time() > deadline and name != "ours":
@@ -266,10 +267,10 @@ def table_md(rows: List[dict]) -> str:
 
 def run(dims=HEAD_DIMS, seqs=SEQS, names=None, with_flex: bool = True, with_varlen: bool = True,
         deadline: Optional[float] = None, flex_deadline: Optional[float] = None,
-        hard_deadline: Optional[float] = None, log=print) -> List[dict]:
+        hard_deadline: Optional[float] = None, flex_dims=HEAD_DIMS, log=print) -> List[dict]:
     """Dense rows then varlen; deadlines are absolute ``time.time()`` values (see dense_rows)."""
     rows = dense_rows(dims, seqs, with_flex=with_flex, deadline=deadline, flex_deadline=flex_deadline,
-                      hard_deadline=hard_deadline, names=names, log=log)
+                      hard_deadline=hard_deadline, names=names, flex_dims=flex_dims, log=log)
     if with_varlen and (hard_deadline is None or time.time() < hard_deadline):
         rows += varlen_rows(log=log)
     return rows
