@@ -71,3 +71,7 @@ class UnsupportedAttentionOptionError(KernelLoaderError, ValueError):
 
 class UnsupportedTransformersVersionError(KernelLoaderError, ImportError):
     """The installed transformers is missing or outside the range the transformers bridge supports."""
+
+
+class CacheNotWritableError(KernelLoaderError, PermissionError):
+    """A download was needed but the kernel cache is read-only (e.g. a shared cluster cache)."""

@@ -17,7 +17,47 @@ from kernel_loader.refs import KernelRef
 from kernel_loader.resolution import Resolution
 from kernel_loader.resolver import Request, resolve, resolve_bundled, resolve_local
 
+import os
+
 _memo: dict[tuple, ModuleType] = {}
+# Results reached by a fallback (Hub unreachable or offline, shipped copy) depend on the
+# environment; they are reused only while these variables are unchanged.
+_ENV_KEYS = (
+    "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_TOKEN", "HF_HUB_CACHE", "HF_HOME", "LOCAL_KERNELS",
+    "KERNEL_LOADER_CACHE", "KERNEL_LOADER_NO_BUNDLED", "KERNEL_LOADER_TRUSTED_ORGS", "KERNEL_LOADER_BACKEND",
+)
+_fallback_env: dict[tuple, tuple] = {}
+
+
+try:
+    # os.environ.get costs ~1 µs per variable; its backing dict (keys encoded as os.environ
+    # encodes them) answers in a tenth of that, which keeps a memo hit well under 10 µs.
+    _ENV_DATA = os.environ._data  # type: ignore[attr-defined]
+    _ENV_RAW_KEYS = tuple(os.environ.encodekey(k) for k in _ENV_KEYS)  # type: ignore[attr-defined]
+
+    def _env_snapshot() -> tuple:
+        return tuple(map(_ENV_DATA.get, _ENV_RAW_KEYS))
+
+except AttributeError:  # pragma: no cover - other Python implementations
+
+    def _env_snapshot() -> tuple:
+        return tuple(map(os.environ.get, _ENV_KEYS))
+
+
+def _remember(key: tuple, module: ModuleType) -> None:
+    res = getattr(module, "__kernel_resolution__", None)
+    if getattr(res, "fallback", None):
+        _fallback_env[key] = _env_snapshot()
+    else:
+        _fallback_env.pop(key, None)
+    _memo[key] = module
+
+
+def _recall(key: tuple) -> ModuleType | None:
+    module = _memo.get(key)
+    if module is not None and key in _fallback_env and _fallback_env[key] != _env_snapshot():
+        return None
+    return module
 
 
 def _import(res: Resolution) -> ModuleType:
@@ -95,7 +135,7 @@ def get_kernel(
     """
     key = (repo_id, revision, version, backend, trust_remote_code, local_files_only)
     module = _memo.get(key)
-    if module is not None:
+    if module is not None and (key not in _fallback_env or _fallback_env[key] == _env_snapshot()):
         return module
     res = resolve_kernel(
         repo_id,
@@ -106,7 +146,7 @@ def get_kernel(
         local_files_only=local_files_only,
     )
     module = _import(res)
-    _memo[key] = module
+    _remember(key, module)
     return module
 
 
@@ -178,14 +218,14 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
         KernelImportError: the kernel's package failed to import.
     """
     key = ("lock", repo_id, str(lockfile) if lockfile is not None else None)
-    module = _memo.get(key)
+    module = _recall(key)
     if module is not None:
         return module
     from kernel_loader import lockfile as lockmod
 
     res = lockmod.resolve_locked(repo_id, lockfile)
     module = _import(res)
-    _memo[key] = module
+    _remember(key, module)
     return module
 
 
@@ -198,7 +238,7 @@ def get_bundled_kernel(repo_id: str) -> ModuleType:
         KernelImportError: the shipped package failed to import.
     """
     key = ("bundled", repo_id)
-    module = _memo.get(key)
+    module = _recall(key)
     if module is not None:
         return module
     ref = KernelRef.parse(repo_id)
@@ -216,13 +256,14 @@ def get_bundled_kernel(repo_id: str) -> ModuleType:
             f"No shipped copy of {repo_id}: {why}. Fetch it from the Hub with `kernel-loader download {repo_id}`."
         )
     module = _import(res)
-    _memo[key] = module
+    _remember(key, module)
     return module
 
 
 def clear_memo() -> None:
     """Forget memoized ``get_kernel`` results (imported modules stay importable); for tests."""
     _memo.clear()
+    _fallback_env.clear()
 
 
 __all__ = [

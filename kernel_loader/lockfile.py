@@ -293,6 +293,7 @@ def _shipped_match(repo_id: str, entry: LockEntry, machine, res: Resolution) -> 
         return None
     res.source, res.variant, res.path, res.decisions = "bundled", chosen, root / "build" / chosen, decisions
     res.notes.append("not in the cache; the shipped copy has exactly the locked files (hash checked)")
+    res.fallback = "the cache lacks the locked sha"
     res.notes.append("lock pinned: no network call")
     bundled.warn_bundled(repo_id, f"it matches the hash locked in {res.lockfile} and the cache lacks it")
     return res

@@ -58,6 +58,8 @@ class Resolution:
     machine: Any = None
     module_name: str | None = None
     lockfile: str | None = None
+    #: why a fallback route was taken (Hub unreachable or not asked, shipped copy); None otherwise
+    fallback: str | None = None
 
     @property
     def rejected(self) -> list[VariantDecision]:
@@ -109,6 +111,7 @@ class Resolution:
             "path": str(self.path) if self.path is not None else None,
             "module_name": self.module_name,
             "lockfile": self.lockfile,
+            "fallback": self.fallback,
             "machine": machine,
             "decisions": [d.to_json() for d in self.decisions],
             "notes": list(self.notes),

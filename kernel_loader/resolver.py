@@ -132,6 +132,7 @@ def resolve_bundled(req: Request, why: str) -> Resolution | None:
     res.sha = hashing.hash_folder(res.path)[0].removeprefix("sha256-")
     res.resolved_revision = f"v{shipped_version}" if shipped_version is not None else None
     res.notes.append(f"shipped copy used because {why}; sha is the content hash of the variant folder")
+    res.fallback = why
     bundled.warn_bundled(req.ref.repo_id, why)
     return res
 
@@ -207,6 +208,7 @@ def _resolve_offline(req: Request, machine: Machine, why: str) -> Resolution:
         ) from None
     res = _from_cache(req, machine, ref_name, sha, f"no network: {why}")
     if res is not None:
+        res.fallback = why
         return res
     fallback = resolve_bundled(req, why)
     if fallback is not None:

@@ -1,9 +1,13 @@
 """The cache: layout helpers, and loading from a cache writes nothing into it."""
 
 import os
+import subprocess
+
+import pytest
 
 import kernel_loader
 from kernel_loader import cache, loader
+from kernel_loader.errors import CacheNotWritableError
 from test_loader import SHA1, kernel_files, make_cache
 
 
@@ -53,3 +57,43 @@ def test_loading_from_a_read_only_cache_writes_nothing(tmp_path, monkeypatch):
     assert after == before
     assert not list(root.rglob("__pycache__"))
     assert list((tmp_path / "state" / "bytecode").rglob("*.bin"))  # compiled code went to the state folder
+
+
+
+def _set_read_only(root, read_only: bool) -> None:
+    """chmod the folders; as root (which ignores modes) also set/clear the immutable flag."""
+    folders = [f for f, _, _ in os.walk(root)]
+    if os.geteuid() == 0 and not read_only:
+        subprocess.run(["chattr", "-i", *folders], capture_output=True)
+    for folder in folders:
+        os.chmod(folder, 0o555 if read_only else 0o755)
+    if os.geteuid() == 0 and read_only:
+        subprocess.run(["chattr", "+i", *folders], check=True, capture_output=True)
+
+
+def test_read_only_cache_against_the_hub(hub_env, hub_server):
+    """A cache this process cannot write: explain works, cached loads work, a needed download
+    fails with CacheNotWritableError naming the fix."""
+    repo_id = hub_server.new_repo_id("rocache", org="kernels-community")
+    sha1 = hub_server.add_repo(repo_id, {f"build/torch-universal/{k}": v for k, v in kernel_files(1, "rocache").items()})
+    hub_server.create_branch(repo_id, "v1", sha1)
+    sha2 = hub_server.commit(repo_id, {f"build/torch-universal/{k}": v for k, v in kernel_files(2, "rocache").items()})
+    hub_server.create_branch(repo_id, "v2", sha2)
+    loader.clear_memo()
+    kernel_loader.get_kernel(repo_id, version=1)  # warm the cache while it is writable
+    loader.clear_memo()
+    _set_read_only(hub_env.cache_dir, True)
+    try:
+        with pytest.raises(OSError):
+            (hub_env.cache_dir / "probe").mkdir()  # the cache really is read-only
+        before = _tree_state(hub_env.cache_dir)
+        res = kernel_loader.resolve_kernel(repo_id, version=2, download=False)  # metadata.json via a temp folder
+        assert res.variant == "torch-universal" and res.sha == sha2
+        assert kernel_loader.get_kernel(repo_id, version=1).answer() == 1  # cached: read only
+        with pytest.raises(CacheNotWritableError, match="KERNEL_LOADER_CACHE") as info:
+            kernel_loader.get_kernel(repo_id, version=2)
+        assert f"kernel-loader download {repo_id}@v2" in str(info.value)
+        assert _tree_state(hub_env.cache_dir) == before
+    finally:
+        _set_read_only(hub_env.cache_dir, False)
+        loader.clear_memo()

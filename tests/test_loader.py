@@ -250,3 +250,23 @@ def test_bundled_fallback_warns_once_and_can_be_disabled(tmp_path, monkeypatch):
 def test_revision_and_version_together_is_an_error():
     with pytest.raises(kernel_loader.InvalidKernelRefError, match="not both"):
         kernel_loader.get_kernel("kernels-community/toy", "main", version=1)
+
+
+def test_fallback_results_are_not_reused_after_the_environment_changes(tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    make_repo(shipped / "kernels-community" / "envy", {"torch-universal": kernel_files(1, "envy")})
+    monkeypatch.setattr(bundled, "bundled_root", lambda: shipped)
+    monkeypatch.setattr(bundled, "_warned", {"kernels-community/envy"})
+    first = kernel_loader.get_kernel("kernels-community/envy")  # Hub unreachable: shipped copy
+    assert first.__kernel_resolution__.fallback and kernel_loader.get_kernel("kernels-community/envy") is first
+    n = 5000
+    start = time.perf_counter()
+    for _ in range(n):
+        kernel_loader.get_kernel("kernels-community/envy")
+    assert (time.perf_counter() - start) / n < 10e-6  # still a memo hit while nothing changed
+    cache = tmp_path / "cache"
+    make_cache(cache, "kernels-community/envy", "e" * 40, {"torch-universal": kernel_files(2, "envy")}, refs=["v1"])
+    assert kernel_loader.get_kernel("kernels-community/envy") is first  # same environment, same answer
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the environment changed: resolve again
+    again = kernel_loader.get_kernel("kernels-community/envy")
+    assert again.answer() == 2 and again.__kernel_resolution__.source == "cache"

@@ -88,6 +88,12 @@ def _missing(exc: BaseException) -> bool:
     return getattr(response, "status_code", None) in (401, 403, 404)
 
 
+def _read_only(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
 def _retrying(call):
     """Run ``call()``; on a transport failure try once more before calling the Hub unreachable.
 
@@ -251,6 +257,12 @@ def read_metadata(repo_id: str, repo_type: str, revision: str, variant: str, cac
             )
         )
     except Exception as exc:
+        if isinstance(exc, OSError) and _read_only(exc):
+            # A read-only (shared) cache: fetch this small file into a throwaway folder instead.
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="kernel-loader-meta-") as tmp:
+                return read_metadata(repo_id, repo_type, revision, variant, Path(tmp))
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
         if _missing(exc):
@@ -286,9 +298,19 @@ def download_variants(repo_id: str, repo_type: str, revision: str, variants: lis
             )
         )
     except Exception as exc:
+        if isinstance(exc, OSError) and _read_only(exc):
+            from kernel_loader.errors import CacheNotWritableError
+
+            raise CacheNotWritableError(
+                f"{repo_id}@{revision}: build/{variants[0]} must be downloaded but the cache {cache_dir} is not "
+                f"writable ({exc}). Prefetch it where the cache is writable (`kernel-loader download "
+                f"{repo_id}@{revision}`), or set KERNEL_LOADER_CACHE to a writable folder."
+            ) from None
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
         if _missing(exc):
-            raise HubRepoMissing(f"{repo_id}@{revision}: build/{', build/'.join(variants)} could not be fetched ({type(exc).__name__})") from exc
+            raise HubRepoMissing(
+                f"{repo_id}@{revision}: build/{', build/'.join(variants)} could not be fetched ({type(exc).__name__})"
+            ) from exc
         raise
     return Path(path)
