@@ -244,7 +244,7 @@ def _cell(p: Optional[dict]) -> str:
     return f"{f} / {b}"
 
 
-def format_row(r: dict) -> str:
+def format_row(r: dict, show_first: bool = True) -> str:
     cells = " | ".join(_cell(r.get(c)) for c in COLUMNS)
     ours, fl = r.get("ours", {}), r.get("sdpa-flash", {})
     ratio = "—"
@@ -255,14 +255,16 @@ def format_row(r: dict) -> str:
     first = ours.get("first_fwd_s")
     first_s = f"{first:.1f} / {ours.get('first_fwdbwd_s', float('nan')):.1f}" if first is not None else "—"
     causal = "yes" if r["causal"] else "no"
-    return f"| {r['dim']} | {r['seq']} | {causal} | {cells} | {ratio} | {first_s} |"
+    line = f"| {r['dim']} | {r['seq']} | {causal} | {cells} | {ratio} |"
+    return line + f" {first_s} |" if show_first else line
 
 
-def table_md(rows: List[dict]) -> str:
+def table_md(rows: List[dict], show_first: bool = False) -> str:
+    """Markdown table; ``show_first`` adds our first-call seconds (meaningful only on a cold cache)."""
     head = ("| d | seq | causal | ours fwd / fwd+bwd | SDPA flash (FA2) | SDPA cuDNN | SDPA efficient | "
-            "FlexAttention | ours ÷ FA2 fwd / fwd+bwd | ours first call s (fwd / fwd+bwd) |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
-    return head + "\n" + "\n".join(format_row(r) for r in rows)
+            "FlexAttention | ours ÷ FA2 fwd / fwd+bwd |" + (" ours first call s (fwd / fwd+bwd) |" if show_first else "")
+            + "\n|---|---|---|---|---|---|---|---|---|" + ("---|" if show_first else ""))
+    return head + "\n" + "\n".join(format_row(r, show_first) for r in rows)
 
 
 def run(dims=HEAD_DIMS, seqs=SEQS, names=None, with_flex: bool = True, with_varlen: bool = True,
@@ -282,4 +284,4 @@ if __name__ == "__main__":
     all_rows = run()
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
     (out / "attention.json").write_text(json.dumps(all_rows, indent=1))
-    print(table_md(all_rows))
+    print(table_md(all_rows, show_first=True))

@@ -325,6 +325,24 @@ def warm(job) -> str:
         return f"{job}: FAILED {type(e).__name__}: {str(e)[:300]}"
 
 
+def render_header(results: dict) -> list:
+    """Markdown lines: what was run, where, how, and the cold-cache first-call latencies."""
+    m = results["meta"]
+    lines = ["# flash-attn2 attention benchmark", "",
+             f"- date: {m['date']}; command: `{m['command']}` (from the repo root, $OUT set)",
+             f"- GPU: {m['gpu']} (sm{''.join(map(str, m['capability']))}, driver {m['driver']}); "
+             f"torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, cuDNN {m['cudnn']}",
+             f"- bf16, {A.HEADS} heads, {A.TOKENS} tokens per batch; TFLOP/s forward / forward+backward "
+             "(fwd = 4·B·H·S²·D, halved when causal; fwd+bwd = 3.5 × fwd); median of triton.testing.do_bench; "
+             "each provider in its native layout (ours [B,S,H,D], SDPA/Flex [B,H,S,D]); varlen rows count "
+             "FLOPs on real tokens, SDPA runs the zero-padded batch",
+             "- first call of our kernel on an empty Triton cache (compile included), d=128, seq 4096, batch 4:"]
+    for f in results.get("first_call", []):
+        lines.append(f"  causal={f['causal']}: forward {f['first_fwd_s']:.2f} s, then forward+backward "
+                     f"{f['first_fwd_then_bwd_s']:.2f} s")
+    return lines
+
+
 def main() -> None:
     args = set(sys.argv[1:])
     do_sweep = "--no-sweep" not in args
@@ -430,16 +448,7 @@ def main() -> None:
                      log=lambda s: log("row " + s))
     RESULTS["bench"] = rows
     save()
-    md = ["# flash-attn2 attention benchmark", "",
-          f"- date: {RESULTS['meta']['date']}; command: `{RESULTS['meta']['command']}` (from the repo root, $OUT set)",
-          f"- GPU: {RESULTS['meta']['gpu']} (sm{''.join(map(str, RESULTS['meta']['capability']))}, "
-          f"driver {RESULTS['meta']['driver']}); torch {RESULTS['meta']['torch']}, triton {RESULTS['meta']['triton']}, "
-          f"CUDA {RESULTS['meta']['cuda']}, cuDNN {RESULTS['meta']['cudnn']}",
-          f"- bf16, {A.HEADS} heads, {A.TOKENS} tokens per batch; TFLOP/s forward / forward+backward "
-          "(fwd = 4·B·H·S²·D, halved when causal; fwd+bwd = 3.5 × fwd); median of triton.testing.do_bench",
-          "- first call: our kernel's first forward, then first forward+backward, in seconds, compile "
-          "included unless an earlier row already compiled that variant (see check_gpu.json first_call)",
-          "", A.table_md(rows), ""]
+    md = render_header(RESULTS) + ["", A.table_md(rows), ""]
     if "sweep" in RESULTS:
         md += ["## Config sweep (seq 4096, batch 4, non-causal; validated on a causal GQA problem)", "",
                "| kernel | d | config | TFLOP/s | max rel err | valid |", "|---|---|---|---|---|---|"]
