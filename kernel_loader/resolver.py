@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from kernel_loader import cache, constants, deps, hashing, trust
 from kernel_loader.errors import (
@@ -71,7 +71,12 @@ def _no_variant_error(res: Resolution, machine: Machine) -> NoCompatibleVariantE
     return NoCompatibleVariantError(msg, res.decisions)
 
 
-def _finish(res: Resolution, build_dir: Path, names: list[str], req: Request, machine: Machine, read_meta) -> Resolution:
+MetadataReader = Callable[[str], "dict | None"]
+
+
+def _finish(
+    res: Resolution, build_dir: Path, names: list[str], req: Request, machine: Machine, read_meta: MetadataReader
+) -> Resolution:
     """Select a variant among ``names``, check its dependencies, fill in ``res``."""
     try:
         chosen, decisions = select_variant(names, machine, read_meta, req.backend)
@@ -86,7 +91,7 @@ def _finish(res: Resolution, build_dir: Path, names: list[str], req: Request, ma
     return res
 
 
-def _local_meta(build_dir: Path):
+def _local_meta(build_dir: Path) -> MetadataReader:
     return lambda variant: _read_json(build_dir / variant / "metadata.json")
 
 
