@@ -72,6 +72,11 @@ def _resource_usage(cubin: bytes):
     return (int(regs.group(1)) if regs else None), (int(stack.group(1)) if stack else None)
 
 
+def _mode_flags(mode: str) -> dict:
+    """The dK/dV kernel's constexprs for a config mode ("keys", "queries", "...-2pass")."""
+    return dict(KEYS_AS_ROWS=mode.startswith("keys"), TWO_PASS=mode.endswith("2pass"))
+
+
 FLAGS = dict(IS_VARLEN=False, HAS_SEQUSED=False, HAS_LEFT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
              HAS_DROPOUT=False, EVEN_D=True)
 
@@ -88,19 +93,19 @@ def main():
             except Exception as e:  # report and go on: the point is to see every config
                 r = f"FAILED {type(e).__name__}: {str(e)[:200]}"
             print(f"fwd d={d} causal={causal} cfg={(bm, bn, w, s)}: {r}", flush=True)
-            bm, bn, w, s, rows = C.pick("bwd", capt, d)
-            ce = dict(FLAGS, HAS_RIGHT=causal, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, KEYS_AS_ROWS=rows)
+            (bm, bn, w, s, mode), (bm2, bn2, w2, s2) = C.pick("bwd", capt, d)
+            ce = dict(FLAGS, HAS_RIGHT=causal, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d, **_mode_flags(mode))
             try:
                 r = compile_one(B._bwd_dkdv_kernel, ce, cap, w, s)
             except Exception as e:
                 r = f"FAILED {type(e).__name__}: {str(e)[:200]}"
-            print(f"dkdv d={d} causal={causal} cfg={(bm, bn, w, s)}: {r}", flush=True)
-            ce = dict(FLAGS, HAS_RIGHT=causal, REVERSE=causal, BLOCK_M=bn, BLOCK_N=bm, BLOCK_D=d)
+            print(f"dkdv d={d} causal={causal} cfg={(bm, bn, w, s, mode)}: {r}", flush=True)
+            ce = dict(FLAGS, HAS_RIGHT=causal, REVERSE=causal, BLOCK_M=bm2, BLOCK_N=bn2, BLOCK_D=d)
             try:
-                r = compile_one(B._bwd_dq_kernel, ce, cap, w, s)
+                r = compile_one(B._bwd_dq_kernel, ce, cap, w2, s2)
             except Exception as e:
                 r = f"FAILED {type(e).__name__}: {str(e)[:200]}"
-            print(f"dq   d={d} causal={causal} cfg={(bn, bm, w, s)}: {r}", flush=True)
+            print(f"dq   d={d} causal={causal} cfg={(bm2, bn2, w2, s2)}: {r}", flush=True)
             if "--all" not in sys.argv:
                 break
 
@@ -117,7 +122,7 @@ def sweep(kind: str, d: int, configs, cap: int = 90, causal: bool = False):
         bm, bn, w, s = cfg[:4]
         ce = dict(FLAGS, HAS_RIGHT=causal, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=d)
         if kind == "dkdv":
-            ce["KEYS_AS_ROWS"] = cfg[4]
+            ce.update(_mode_flags(cfg[4]))
         else:
             ce["REVERSE"] = causal
         try:
