@@ -171,3 +171,65 @@ def test_empty_key_rows_give_zero_and_inf_lse():
 def test_unsupported_input_raises_clear_error(make, exc, words):
     with pytest.raises(exc, match=words):
         make()
+
+
+class _FakeCuda:
+    """Stands in for a CUDA tensor where only ``.device`` is read (no GPU on the CI machine)."""
+
+    device = torch.device("cuda", 0)
+
+
+def test_dispatch_rules(monkeypatch):
+    import importlib
+
+    autograd = importlib.import_module(fa.__name__ + "._autograd")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert autograd.backend_for(_FakeCuda()) == "gpu"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(autograd, "_WARNED", set())
+    with pytest.warns(RuntimeWarning, match="below 8.0"):
+        assert autograd.backend_for(_FakeCuda()) == "torch"
+    cpu = torch.zeros(1)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert autograd.backend_for(cpu) == "interpreter"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert autograd.backend_for(cpu) == "torch"
+
+
+def test_opt_in_autotune_keeps_the_fastest_config_that_runs():
+    import importlib
+
+    configs = importlib.import_module(fa.__name__ + "._configs")
+    times = {}
+
+    def time_fn(cfg):
+        if cfg[0] == 64:  # pretend these do not fit in shared memory
+            raise RuntimeError("out of resources")
+        times[cfg] = 1.0 + 0.01 * cfg[2] + (0.0 if cfg[:2] == (128, 32) else 0.5)
+        return times[cfg]
+
+    key = ("test-key", id(time_fn))
+    best = configs.tuned(key, (128, 64, 8, 3), "fwd", 128, time_fn)
+    assert best == min(times, key=times.get) and best[0] == 128 and best[1] == 32
+    calls = len(times)
+    assert configs.tuned(key, (128, 64, 8, 3), "fwd", 128, time_fn) == best and len(times) == calls
+
+
+def test_package_imports_without_the_kvcache_module(tmp_path):
+    import importlib.util
+    import shutil
+    import sys
+
+    pkg = tmp_path / "flash_attn2"
+    shutil.copytree(fa.__path__[0], pkg)
+    (pkg / "_kvcache.py").unlink(missing_ok=True)
+    spec = importlib.util.spec_from_file_location("_fa2_no_kvcache", pkg / "__init__.py",
+                                                  submodule_search_locations=[str(pkg)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    q = torch.randn(1, 3, 2, 16)
+    assert mod.flash_attn_func(q, q, q).shape == q.shape
+    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
+        mod.flash_attn_with_kvcache(q, q, q)
