@@ -52,7 +52,11 @@ Fixtures
 olah quirks the tests must expect (see DESIGN.md)
 --------------------------------------------------
 * Always pass ``revision=`` to ``model_info``.
-* A missing repo, file or revision answers 401 -> ``RepositoryNotFoundError``, not 404.
+* A missing repo, file or revision answers 401 -> ``RepositoryNotFoundError``, not 404
+  (but ``HEAD`` of a missing file at a commit sha answers 404 -> ``EntryNotFoundError``).
+* ``GET`` of a missing file answers 500 and olah then drops that keep-alive connection: the next
+  request on the pooled connection fails with "connection reset by peer". Client code must retry
+  once on a fresh connection (kernel_loader.sources.hub does) rather than call the Hub unreachable.
 * ``/api/kernels/...`` answers 401 (by branch) or 404 (by sha): only repo type ``model`` is served.
 * Branch names with ``/`` fail; symlinks in a git repo would be served as their target's path
   text (``add_repo`` copies folders with symlinks resolved to avoid that).

@@ -223,3 +223,29 @@ def test_git_repos_are_plain_clones_olah_can_read(hub_server):
     assert path == hub_server.repos_dir / "models" / repo
     out = subprocess.run(["git", "-C", str(path), "log", "--format=%H"], capture_output=True, text=True)
     assert out.stdout.split() == [sha]
+
+
+def test_olah_error_answers_the_loader_must_tolerate(hub_server):
+    """Pins the olah 0.5.4 behaviour documented in hub_server's docstring."""
+    import urllib.error
+    import urllib.request
+
+    repo = hub_server.new_repo_id("quirks")
+    sha = hub_server.add_repo(repo, {"a.txt": "a"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def status(method: str, path: str) -> int:
+        try:
+            with opener.open(urllib.request.Request(hub_server.endpoint + path, method=method), timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    assert status("HEAD", f"/{repo}/resolve/main/missing.json") == 401
+    assert status("HEAD", f"/{repo}/resolve/{sha}/missing.json") == 404
+    assert status("GET", f"/{repo}/resolve/main/missing.json") == 500
+    assert status("GET", f"/api/models/{repo}/revision/no-such-branch") == 401
+    assert status("GET", f"/api/kernels/{repo}/revision/main") == 401
+    assert status("GET", f"/api/kernels/{repo}/revision/{sha}") == 404
+    # a fresh connection after an error answer is served normally
+    assert status("GET", f"/{repo}/resolve/main/a.txt") == 200
