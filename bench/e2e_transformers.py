@@ -242,6 +242,8 @@ def bench_rows(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]
 
 
 def _git_commit() -> str | None:
+    if os.environ.get("BENCH_COMMIT"):  # the device machine gets the tree without .git
+        return os.environ["BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                               text=True, timeout=10).stdout.strip() or None
