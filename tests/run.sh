@@ -4,7 +4,10 @@
 #   bash tests/run.sh [pytest args...]
 #
 # 1. .venv        torch==2.13.0 (the CPU file pip finds on this machine; an unpinned torch would
-#                 pull a multi-GB CUDA build), then -e ".[test]"; runs `python -m pytest ARGS`.
+#                 pull a multi-GB CUDA build), then -e ".[test]", then kernels==0.17.2 (the
+#                 reference package the lock-format test checks against; not in .[test] because
+#                 it needs huggingface_hub>=1.10, which transformers 4.57 cannot have);
+#                 runs `python -m pytest ARGS`.
 # 2. .venv-olah   olah==0.5.4, the loopback Hub the tests start (tests/hub_server.py); its own
 #                 venv because its pins clash with ours.
 # 3. .venv-tf457  the oldest supported transformers (4.57.*, which needs huggingface_hub<1),
@@ -21,6 +24,7 @@ cd "$ROOT"
 
 TORCH_PIN="torch==2.13.0"
 OLAH_PIN="olah==0.5.4"
+KERNELS_PIN="kernels==0.17.2"
 TF457_PINS=("transformers==4.57.*" "huggingface_hub<1")
 
 # torch's CPU file is built for CPython 3.11; prefer that interpreter when it is there.
@@ -55,7 +59,7 @@ ensure_venv() {  # ensure_venv DIR INSTALL_FUNCTION
 }
 
 install_main() {
-    pip_in "$1" "$TORCH_PIN" && pip_in "$1" -e ".[test]"
+    pip_in "$1" "$TORCH_PIN" && pip_in "$1" -e ".[test]" && pip_in "$1" "$KERNELS_PIN"
 }
 
 install_olah() {
