@@ -68,7 +68,16 @@ def _set_read_only(root, read_only: bool) -> None:
     for folder in folders:
         os.chmod(folder, 0o555 if read_only else 0o755)
     if os.geteuid() == 0 and read_only:
-        subprocess.run(["chattr", "+i", *folders], check=True, capture_output=True)
+        try:
+            done = subprocess.run(["chattr", "+i", *folders], capture_output=True).returncode == 0
+        except FileNotFoundError:
+            done = False
+        if not done:
+            for folder in folders:
+                os.chmod(folder, 0o755)
+            # Root ignores file modes; without CAP_LINUX_IMMUTABLE (e.g. a default container) there
+            # is no way to make a folder read-only for this process.
+            pytest.skip("running as root without chattr +i: cannot create a read-only folder here")
 
 
 def test_read_only_cache_against_the_hub(hub_env, hub_server):
