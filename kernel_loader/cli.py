@@ -306,8 +306,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     except Exception:
         triton_version = None
     root = cache.cache_root()
+    from importlib import metadata
+
+    from kernel_loader import __version__
+
+    versions = {"kernel_loader": __version__}
+    for dist in ("torch", "huggingface_hub", "transformers", "kernels"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
     report = {
         "machine": machine.to_json(),
+        "versions": versions,
         "triton": triton_version,
         "cache": {"path": str(root), "exists": root.is_dir(), "writable": os.access(root, os.W_OK) if root.is_dir() else None},
         "endpoint": constants.hf_endpoint(),
@@ -323,6 +334,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         _print_json(report)
         return EXIT_OK
     print(f"machine:   {machine.describe()}")
+    print("versions:  " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
     print(f"triton:    {triton_version or 'not installed'}")
     c = report["cache"]
     print(f"cache:     {c['path']} ({'missing' if not c['exists'] else 'writable' if c['writable'] else 'read-only'})")
