@@ -13,9 +13,9 @@ kernel imports torch too; median of --repeat runs):
   cache (kernel_loader only: `kernels` 0.17 asks only for repo type ``kernel``, which olah does
   not serve, so there is nothing to compare it with).
 
-Overhead = scenario - direct. The repo is the shipped flash-attn2 copied to a temp folder with
-its metadata.json made readable by `kernels` 0.17 (backend type ``cpu``, an ``id`` field: that
-package rejects type ``universal``).
+Overhead = scenario - direct. The repo is the shipped flash-attn2 copied to a temp folder (both
+packages read its metadata.json as shipped; only its module ``id`` is renamed so the direct
+import and the loaders never share a module name).
 
 Run: ``.venv/bin/python bench/load.py [--repeat 7]``; writes bench/results/load-<date>.{json,md}.
 """
@@ -107,7 +107,6 @@ def _prepare(tmp: Path) -> tuple[Path, Path]:
     shutil.copytree(SOURCE, repo, ignore=shutil.ignore_patterns("__pycache__"))
     for meta_path in repo.glob("build/*/metadata.json"):
         meta = json.loads(meta_path.read_text())
-        meta["backend"] = {"type": "cpu"}
         meta["id"] = "_flash_attn2_bench"
         meta_path.write_text(json.dumps(meta))
     cache = tmp / "cache"
