@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -140,11 +141,48 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tens
     return cu, int((cu[1:] - cu[:-1]).max().item())
 
 
+class _PerTensorAnswer:
+    """A yes/no question about a tensor, answered once per tensor object.
+
+    Every layer of a model gets the same ``attention_mask`` / ``position_ids`` objects during one
+    forward pass; asking the GPU "is this all ones?" in each layer forces a host-device sync per
+    layer, which stalls the launch queue (measured: prefill 4 % slower than SDPA on the H200).
+    The answer is kept beside a weak reference to the tensor and its in-place version counter, so
+    a different tensor, a freed one or one modified in place is asked again.
+    """
+
+    def __init__(self, question: Callable[[torch.Tensor], bool]) -> None:
+        self._question = question
+        self._ref: Any = None
+        self._version = -1
+        self._answer = False
+
+    def __call__(self, tensor: torch.Tensor) -> bool:
+        if self._ref is not None and self._ref() is tensor and tensor._version == self._version:
+            return self._answer
+        answer = bool(self._question(tensor))
+        try:
+            self._ref = weakref.ref(tensor)
+        except TypeError:  # tensor subclasses without weakref support: just do not remember
+            self._ref = None
+            return answer
+        self._version, self._answer = tensor._version, answer
+        return answer
+
+
+def _restarts(position_ids: torch.Tensor) -> bool:
+    pos = position_ids.reshape(-1, position_ids.shape[-1])
+    return bool((pos[:, 1:] != pos[:, :-1] + 1).any())
+
+
+_has_restarts = _PerTensorAnswer(_restarts)
+_all_true = _PerTensorAnswer(lambda mask: bool(mask.all()))
+
+
 def _is_packed(position_ids: torch.Tensor | None, batch: int, q_len: int) -> bool:
     if position_ids is None or q_len == 1 or position_ids.shape[-1] != q_len:
         return False
-    pos = position_ids.reshape(-1, q_len)
-    return bool((pos[:, 1:] != pos[:, :-1] + 1).any())
+    return _has_restarts(position_ids)
 
 
 # ------------------------------------------------------------------------------------------
@@ -312,7 +350,7 @@ def flash_attention_forward(
             )
         )
 
-    if attention_mask is not None and not (attention_mask.shape[-1] == k.shape[1] and bool(attention_mask.all())):
+    if attention_mask is not None and not (attention_mask.shape[-1] == k.shape[1] and _all_true(attention_mask)):
         mask = attention_mask.to(torch.bool)
         if k.shape[1] > mask.shape[-1]:  # static cache: keys beyond the mask are unused slots
             k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]

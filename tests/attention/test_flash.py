@@ -158,3 +158,25 @@ def test_value_head_dim_smaller_than_query():
     out, _ = flash_attention_forward(module(), case.q, case.k, v, None, kernel=varlen_only)
     assert out.shape == (1, 4, 2, 8)
     torch.testing.assert_close(out.double(), reference_attention(case.q, case.k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_per_forward_checks_ask_the_device_once_per_tensor_and_again_after_a_change():
+    # Each layer gets the same mask object; asking "all ones?" per layer would sync per layer.
+    from kernel_loader.attention.flash import _PerTensorAnswer
+
+    asked = []
+
+    def question(t):
+        asked.append(t)
+        return bool(t.all())
+
+    all_true = _PerTensorAnswer(question)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    assert all_true(mask) and all_true(mask) and all_true(mask)
+    assert len(asked) == 1
+    mask[0, 0] = False  # in place: the version counter moves, so the answer is recomputed
+    assert not all_true(mask)
+    assert len(asked) == 2
+    other = torch.ones(2, 5, dtype=torch.bool)  # equal content, another object: asked again
+    assert all_true(other)
+    assert len(asked) == 3
