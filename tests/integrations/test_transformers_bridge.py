@@ -220,6 +220,16 @@ def test_set_attn_implementation_at_run_time(bridge):
     assert_matches_sdpa(model)
 
 
+def test_model_listing_its_flash_kernels_gets_the_first(bridge, caplog):
+    class PickyLlama(transformers.LlamaForCausalLM):
+        _compatible_flash_implementations = [f"{KERNEL}@main"]
+
+    with caplog.at_level(logging.WARNING, logger=klt.__name__):
+        model = tiny_llama("flash_attention_2", cls=PickyLlama)
+    assert model.config._attn_implementation == f"{KERNEL}@main"
+    assert any("works with" in r.getMessage() for r in caplog.records)
+
+
 def test_model_without_flash_support_is_refused(bridge):
     class NoFlashLlama(transformers.LlamaForCausalLM):
         _supports_flash_attn = False
