@@ -185,6 +185,22 @@ def _is_packed(position_ids: torch.Tensor | None, batch: int, q_len: int) -> boo
     return _has_restarts(position_ids)
 
 
+# Up to this many query tokens per row (decode, speculative steps) go to the kernel's
+# flash_attn_with_kvcache, whose split-K decode kernel reads K/V once per kv head; the general
+# forward tiles 128 query rows per head and wastes most of them on a single token.
+DECODE_MAX_QUERY = 16
+
+
+def _use_decode_kernel(
+    fk: FlashKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int,
+    dropout: float, s_aux: torch.Tensor | None,
+) -> bool:
+    if fk.kvcache is None or q_len > DECODE_MAX_QUERY or dropout or s_aux is not None:
+        return False
+    # flash_attn_with_kvcache has no backward: training steps keep the differentiable path
+    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+
+
 # ------------------------------------------------------------------------------------------
 # options
 # ------------------------------------------------------------------------------------------
@@ -371,6 +387,8 @@ def flash_attention_forward(
         cu = cu.to(q.device)
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
         out = varlen(*flat, cu, cu, max_len, max_len).view(batch, q_len, *q.shape[2:])
+    elif _use_decode_kernel(fk, q, k, v, q_len, dropout, s_aux):
+        out = _first(fk.kvcache(q, k, v, **opts(fk.kvcache_params, k.shape[1])))
     elif fk.func is not None:
         out = _first(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
     else:

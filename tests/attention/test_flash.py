@@ -180,3 +180,45 @@ def test_per_forward_checks_ask_the_device_once_per_tensor_and_again_after_a_cha
     other = torch.ones(2, 5, dtype=torch.bool)  # equal content, another object: asked again
     assert all_true(other)
     assert len(asked) == 3
+
+
+def _spy_on(kernel):
+    """The shipped kernel's FlashAttention functions, each call recorded by name."""
+    spy = types.ModuleType("spy_kernel")
+    for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):
+        real = getattr(kernel, name)
+
+        def recorded(*args, _real=real, _name=name, **kwargs):
+            calls.append((_name,))
+            return _real(*args, **kwargs)
+
+        recorded.__signature__ = __import__("inspect").signature(real)
+        setattr(spy, name, recorded)
+    return spy
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_decode_steps_use_the_kernels_kvcache_entry_and_training_keeps_the_differentiable_one(q_len):
+    import warnings
+
+    from kernel_loader.loader import get_bundled_kernel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spy = _spy_on(get_bundled_kernel("kernels-community/flash-attn2"))
+    fn = make_flash_attention(spy)
+    case = make_case(b=2, hq=8, hkv=2, sq=q_len, skv=37, d=32, seed=11)
+    mod = module()
+
+    with torch.no_grad():
+        out, _ = fn(mod, case.q, case.k, case.v, None, is_causal=True, sliding_window=20)
+    assert calls == [("flash_attn_with_kvcache",)]
+    ref = reference_attention(case.q, case.k, case.v, causal=True, window=20)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+
+    calls.clear()
+    q = case.q.clone().requires_grad_()
+    out, _ = fn(mod, q, case.k, case.v, None, is_causal=True, sliding_window=20)
+    assert calls == [("flash_attn_func",)]
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
