@@ -48,6 +48,7 @@ def layer_calls() -> list[dict]:
         warnings.simplefilter("ignore")
         kernel = get_bundled_kernel("kernels-community/flash-attn2")
     fn = flash_mod.make_flash_attention(kernel)
+    threshold = flash_mod.DECODE_MIN_KV_BYTES
     rows = []
     for batch, ctx, hq, hk, d in ((8, 2304, 32, 8, 64), (1, 32768, 32, 8, 128), (32, 4096, 32, 8, 128),
                                   (32, 32768, 32, 8, 128)):
@@ -57,12 +58,14 @@ def layer_calls() -> list[dict]:
         v = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.bfloat16)
         row = {"batch": batch, "ctx": ctx, "hq": hq, "hk": hk, "d": d}
         with torch.no_grad():
-            flash_mod.DECODE_MAX_QUERY = 16
+            flash_mod.DECODE_MAX_QUERY, flash_mod.DECODE_MIN_KV_BYTES = 16, 0
             row["kvcache_us"] = per_call_us(lambda: fn(module, q, k, v, None, scaling=d ** -0.5))
             flash_mod.DECODE_MAX_QUERY = 0
             row["func_us"] = per_call_us(lambda: fn(module, q, k, v, None, scaling=d ** -0.5))
             row["sdpa_us"] = per_call_us(lambda: sdpa_attention_forward(module, q, k, v, None, scaling=d ** -0.5))
-        flash_mod.DECODE_MAX_QUERY = 16
+            flash_mod.DECODE_MAX_QUERY, flash_mod.DECODE_MIN_KV_BYTES = 16, threshold
+            row["default_us"] = per_call_us(lambda: fn(module, q, k, v, None, scaling=d ** -0.5))
+        flash_mod.DECODE_MAX_QUERY, flash_mod.DECODE_MIN_KV_BYTES = 16, threshold
         print(json.dumps(row), flush=True)
         rows.append(row)
         del q, k, v
