@@ -281,10 +281,10 @@ def decode_attention(
         return out, lse
 
     block_n, num_warps, num_stages = config or _config(head_dim, device)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, 1 << (int(head_dim) - 1).bit_length())
     rows = group * seqlen_q
     if block_m is None:
-        block_m = max(16, min(64, triton.next_power_of_2(rows)))
+        block_m = max(16, min(64, 1 << (int(rows) - 1).bit_length()))
     m_blocks = triton.cdiv(rows, block_m)
     programs = batch * num_kv_heads * m_blocks
     splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, device,
@@ -337,7 +337,7 @@ def decode_attention(
             out.stride(0), out.stride(1), out.stride(2), out.stride(3),
             *lse.stride(),
             num_heads, seqlen_q, head_dim,
-            NUM_SPLITS=splits, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            NUM_SPLITS=splits, BLOCK_S=max(2, 1 << (int(splits) - 1).bit_length()),
             BLOCK_D=block_d,
             num_warps=1 if device.type != "cuda" else 4,
         )

@@ -310,7 +310,9 @@ def device_capability(t: torch.Tensor) -> Optional[Tuple[int, int]]:
 
 
 def next_pow2_dim(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
+    # plain int arithmetic: triton.next_power_of_2 is a jit-wrapped helper whose call costs
+    # microseconds on every launch, and decode steps are bound by host time
+    return max(16, 1 << (int(d) - 1).bit_length())
 
 
 def attention_forward(
