@@ -8,24 +8,12 @@ import sys
 import pytest
 
 from kernel_loader import cache, cli, loader
-from test_loader import kernel_files
-
-OTHER = "torch27-cxx11-cu118-x86_64-linux"
-
-
-@pytest.fixture(autouse=True)
-def fresh_memo():
-    loader.clear_memo()
-    yield
-    loader.clear_memo()
-
+from test_loader import OTHER, fresh_memo, kernel_files, two_variant_files  # noqa: F401 (fixture)
 
 @pytest.fixture(scope="module")
 def cli_repo(hub_server):
     repo_id = hub_server.new_repo_id("clitoy", org="kernels-community")
-    files = {f"build/torch-universal/{k}": v for k, v in kernel_files(21, "clitoy").items()}
-    files.update({f"build/{OTHER}/{k}": v for k, v in kernel_files(22, "clitoy").items()})
-    sha = hub_server.add_repo(repo_id, files)
+    sha = hub_server.add_repo(repo_id, two_variant_files(21, "clitoy", other_value=22))
     hub_server.create_branch(repo_id, "v1", sha)
     return repo_id, sha
 

@@ -39,6 +39,26 @@ def kernel_files(value: int = 1, name: str = "toy", archs=None, body: str = "", 
     }
 
 
+# a variant this machine never takes (old torch, CUDA 11.8): every two-variant repo has one
+OTHER = "torch27-cxx11-cu118-x86_64-linux"
+
+
+def two_variant_files(value: int, name: str = "toy", other_value: int | None = None) -> dict[str, str]:
+    """Repo files with a torch-universal build answering ``value`` and an OTHER build."""
+    files = {f"build/torch-universal/{k}": v for k, v in kernel_files(value, name).items()}
+    other = 100 + value if other_value is None else other_value
+    files.update({f"build/{OTHER}/{k}": v for k, v in kernel_files(other, name).items()})
+    return files
+
+
+@pytest.fixture(autouse=True)
+def fresh_memo():
+    """Every test starts and ends with an empty get_kernel memo (import it to share it)."""
+    loader.clear_memo()
+    yield
+    loader.clear_memo()
+
+
 def make_repo(root: Path, variants: dict[str, dict[str, str]]) -> Path:
     """A repo folder with build/<variant>/<files>."""
     for variant, files in variants.items():

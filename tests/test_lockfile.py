@@ -8,24 +8,12 @@ import pytest
 import kernel_loader
 from kernel_loader import cli, hashing, loader, lockfile
 from kernel_loader.errors import KernelIntegrityError, LockfileError, OfflineKernelMissingError
-from test_loader import kernel_files
-
-OTHER = "torch27-cxx11-cu118-x86_64-linux"
-
-
-@pytest.fixture(autouse=True)
-def fresh_memo():
-    loader.clear_memo()
-    yield
-    loader.clear_memo()
-
+from test_loader import OTHER, fresh_memo, kernel_files, two_variant_files  # noqa: F401 (fixture)
 
 @pytest.fixture(scope="module")
 def locked_repo(hub_server):
     repo_id = hub_server.new_repo_id("locky", org="kernels-community")
-    files = {f"build/torch-universal/{k}": v for k, v in kernel_files(11, "locky").items()}
-    files.update({f"build/{OTHER}/{k}": v for k, v in kernel_files(12, "locky").items()})
-    sha = hub_server.add_repo(repo_id, files)
+    sha = hub_server.add_repo(repo_id, two_variant_files(11, "locky", other_value=12))
     hub_server.create_branch(repo_id, "v1", sha)
     return repo_id, sha
 

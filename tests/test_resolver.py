@@ -12,23 +12,10 @@ from kernel_loader.errors import (
 )
 from kernel_loader.machine import Machine
 from kernel_loader.sources import bundled
-from test_loader import kernel_files, make_repo
-
-OTHER = "torch27-cxx11-cu118-x86_64-linux"
-
+from test_loader import OTHER, fresh_memo, kernel_files, make_repo, two_variant_files  # noqa: F401 (fixture)
 
 def repo_files(value: int, name: str = "toy") -> dict[str, str]:
-    files = {f"build/torch-universal/{k}": v for k, v in kernel_files(value, name).items()}
-    files.update({f"build/{OTHER}/{k}": v for k, v in kernel_files(100 + value, name).items()})
-    files["README.md"] = "test kernel\n"
-    return files
-
-
-@pytest.fixture(autouse=True)
-def fresh_memo():
-    loader.clear_memo()
-    yield
-    loader.clear_memo()
+    return {**two_variant_files(value, name), "README.md": "test kernel\n"}
 
 
 @pytest.fixture(scope="module")
