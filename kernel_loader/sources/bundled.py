@@ -81,7 +81,9 @@ def warn_bundled(repo_id: str, why: str) -> None:
         f"To use the Hub version, prefetch it while online: `kernel-loader download {repo_id}` "
         f"(see `kernel-loader explain {repo_id}`); set KERNEL_LOADER_NO_BUNDLED=1 to forbid shipped copies."
     )
-    logger.warning(message)
+    # the warning is what the user sees; the log keeps a record at INFO so an unconfigured
+    # logging setup (Python's last-resort handler prints WARNING) does not print it twice
+    logger.info(message)
     warnings.warn(message, BundledKernelWarning, stacklevel=_caller_stacklevel())
 
 
