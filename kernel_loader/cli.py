@@ -363,8 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lock", help="download every kernel pinned in this lock file")
     p.add_argument("--version", type=int, help="version N (branch vN) for the ids")
     p.add_argument("--all-variants", action="store_true", help="every build variant, not just this machine's")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow kernels from orgs outside the trusted list")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("lock", parents=[common], help="write kernels.lock from [tool.kernels.dependencies] in pyproject.toml")
@@ -372,8 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="lock file path (default: kernels.lock next to pyproject.toml)")
     p.add_argument("--format", choices=("kernel_loader", "kernels"), default="kernel_loader",
                    help="kernel_loader (with content hashes, default) or kernels (the `kernels` 0.17 format)")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow kernels from orgs outside the trusted list")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_lock)
 
     for name, help_text in (
@@ -386,28 +386,28 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--version", type=int)
         p.add_argument("--backend", help="restrict to a backend (cpu or this machine's)")
         p.add_argument("--machine", help="judge for another machine: JSON text or file (fields of Machine)")
-        p.add_argument("--trust-remote-code", action="store_true")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--trust-remote-code", action="store_true", help="allow kernels from orgs outside the trusted list")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("verify", parents=[common], help="re-hash cached kernels against a lock file")
     p.add_argument("--lock", help="lock file (default: the nearest kernels.lock)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("cache", parents=[common], help="list or prune the kernel cache")
     csub = p.add_subparsers(dest="cache_command", required=True)
     q = csub.add_parser("ls", parents=[common], help="cached kernel repos, revisions and variants")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
     q = csub.add_parser("prune", parents=[common], help="remove snapshots superseded by newer downloads (locked shas are kept)")
     q.add_argument("--keep-lock", action="append",
                    help="keep the shas pinned in this lock file (repeatable; default: the nearest kernels.lock)")
     q.add_argument("--dry-run", action="store_true")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("doctor", parents=[common], help="torch / backend / GPU / triton / cache / endpoint summary")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_doctor)
     return parser
 

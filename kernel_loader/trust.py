@@ -26,6 +26,6 @@ def check_trust(repo_id: str, trust_remote_code: bool = False) -> None:
     trusted = ", ".join(sorted(constants.trusted_orgs()))
     raise UntrustedKernelError(
         f"Kernel {repo_id} is from org {org!r}, which is not trusted (trusted: {trusted}). Kernels are "
-        f"code that runs in your process. If you trust it, pass trust_remote_code=True or set "
+        f"code that runs in your process. If you trust it, pass trust_remote_code=True (CLI: --trust-remote-code) or set "
         f"KERNEL_LOADER_TRUSTED_ORGS={org}."
     )
