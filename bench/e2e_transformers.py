@@ -22,7 +22,7 @@ greedy tokens of the small Llama and its gradients after one backward pass.
     PYTHONPATH=. python3 bench/e2e_transformers.py [out_dir]           # on the GPU machine
     PYTHONPATH=. python3 bench/e2e_transformers.py /tmp/out --smoke    # tiny sizes, any machine
 
-``run(out_dir)`` does the same and returns the result dict (the lead's combined GPU run calls it).
+``run(out_dir)`` does the same and returns the result dict (bench/gpu_final.py calls it).
 """
 
 from __future__ import annotations

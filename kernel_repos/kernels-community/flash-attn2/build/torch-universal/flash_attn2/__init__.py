@@ -196,7 +196,7 @@ def flash_attn_varlen_kvpacked_func(
 
 try:
     from ._kvcache import flash_attn_with_kvcache
-except ImportError as _kvcache_error:  # K2's module may not be there yet; say so when called
+except ImportError as _kvcache_error:  # a trimmed copy without _kvcache.py still serves the rest; say so when called
     _KVCACHE_ERROR = _kvcache_error
 
     def flash_attn_with_kvcache(*args, **kwargs):  # type: ignore[no-redef]

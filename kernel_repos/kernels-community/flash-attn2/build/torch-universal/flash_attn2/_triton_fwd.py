@@ -1,6 +1,6 @@
 """Triton forward kernel: one program per (block of queries, batch row, query head).
 
-Entry point for sibling modules (K2's kvcache path uses it too)::
+Entry point for sibling modules (the kvcache path uses it too)::
 
     attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                       max_seqlen_k=None, seqused_k=None, softmax_scale, causal=False,
