@@ -227,36 +227,61 @@ def _options(
     s_aux: torch.Tensor | None,
     deterministic: bool | None,
 ) -> dict[str, Any]:
-    def refuse(option: str) -> UnsupportedAttentionOptionError:
-        return UnsupportedAttentionOptionError(
-            f"FlashAttention kernel {kernel_name!r} does not accept {option}, so it cannot be applied. Use "
-            "'eager' or 'sdpa', or a kernel that supports it (e.g. 'kernels-community/flash-attn2')."
-        )
+    """The keyword arguments of a FlashAttention call (a fresh dict the caller may change).
 
-    opts: dict[str, Any] = {"causal": causal, "softmax_scale": scaling}
-    if dropout:
-        if "dropout_p" not in params:
-            raise refuse(f"dropout={dropout}")
-        opts["dropout_p"] = dropout
-    elif "dropout_p" in params:
-        opts["dropout_p"] = 0.0
-    if sliding_window is not None and kv_length > sliding_window:
-        if "window_size" not in params:
-            raise refuse(f"sliding_window={sliding_window}")
-        # masks.sliding_window_overlay: causal sees q-kv < w; bidirectional sees |q-kv| <= w
-        left = sliding_window - 1 if causal else sliding_window
-        opts["window_size"] = (left, left)
-    if softcap is not None and softcap != 0.0:
-        if "softcap" not in params:
-            raise refuse(f"softcap={softcap}")
-        opts["softcap"] = softcap
+    Raises:
+        UnsupportedAttentionOptionError: the kernel's function does not take a needed option.
+    """
+    window = sliding_window if sliding_window is not None and kv_length > sliding_window else None
     if s_aux is not None:
+        opts = dict(_static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic))
         if "s_aux" in params:
             opts["s_aux"] = s_aux
         elif "learnable_sink" in params:
             opts["learnable_sink"] = s_aux
         else:
-            raise refuse("attention sinks (s_aux)")
+            raise _refuse(kernel_name, "attention sinks (s_aux)")
+        return opts
+    return dict(_static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic))
+
+
+def _refuse(kernel_name: str, option: str) -> UnsupportedAttentionOptionError:
+    return UnsupportedAttentionOptionError(
+        f"FlashAttention kernel {kernel_name!r} does not accept {option}, so it cannot be applied. Use "
+        "'eager' or 'sdpa', or a kernel that supports it (e.g. 'kernels-community/flash-attn2')."
+    )
+
+
+# Every layer of a model asks for the same options on every call: computed once per combination
+# (the decode loop is bound by host time). Callers copy or unpack the dict, never change it.
+@functools.lru_cache(maxsize=256)
+def _static_options(
+    params: frozenset[str],
+    kernel_name: str,
+    causal: bool,
+    dropout: float,
+    scaling: float | None,
+    window: int | None,
+    softcap: float | None,
+    deterministic: bool | None,
+) -> dict[str, Any]:
+    opts: dict[str, Any] = {"causal": causal, "softmax_scale": scaling}
+    if dropout:
+        if "dropout_p" not in params:
+            raise _refuse(kernel_name, f"dropout={dropout}")
+        opts["dropout_p"] = dropout
+    elif "dropout_p" in params:
+        opts["dropout_p"] = 0.0
+    if window is not None:
+        if "window_size" not in params:
+            raise _refuse(kernel_name, f"sliding_window={window}")
+        # masks.sliding_window_overlay: causal sees q-kv < w; bidirectional sees |q-kv| <= w
+        left = window - 1 if causal else window
+        opts["window_size"] = (left, left)
+    if softcap is not None and softcap != 0.0:
+        if "softcap" not in params:
+            raise _refuse(kernel_name, f"softcap={softcap}")
+        opts["softcap"] = softcap
     if deterministic is not None and "deterministic" in params:
         opts["deterministic"] = deterministic
     return opts
@@ -321,7 +346,7 @@ def flash_attention_forward(
             "(create_causal_mask with config._attn_implementation set to the flash backend), or use "
             "'sdpa'/'eager' for arbitrary 4D masks."
         )
-    if any(d == 0 for d in query.shape):
+    if 0 in query.shape:
         raise ValueError(f"FlashAttention got an empty query {tuple(query.shape)}")
     if fk.cuda_half_only:
         if query.device.type != "cuda":
@@ -334,10 +359,11 @@ def flash_attention_forward(
                 f"{fk.name} supports float16 and bfloat16 only, got {query.dtype}. Cast the model "
                 "(model.to(torch.bfloat16)) or use 'sdpa'."
             )
-    kv_groups(query, key)  # validates the head counts with a readable message
+    if key.shape[1] == 0 or query.shape[1] % key.shape[1]:
+        kv_groups(query, key)  # raises with a readable message
 
     batch, q_len = query.shape[0], query.shape[2]
-    causal = resolve_is_causal(module, is_causal)
+    causal = bool(is_causal) if is_causal is not None else resolve_is_causal(module, None)
     # FlashAttention layout: [B, S, H, D]
     q = query.transpose(1, 2)
     k = key.transpose(1, 2)
@@ -347,6 +373,9 @@ def flash_attention_forward(
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
 
     def opts(params: frozenset[str], kv_len: int) -> dict[str, Any]:
+        if s_aux is None:  # the common case, answered from the cache (never mutated: unpacked)
+            window = sliding_window if sliding_window is not None and kv_len > sliding_window else None
+            return _static_options(params, fk.name, causal, dropout, scaling, window, softcap, deterministic)
         return _options(
             params,
             fk.name,
@@ -386,7 +415,8 @@ def flash_attention_forward(
             qp, idx_q, cu_q, max_q = unpad_input(q, mask[:, -q_len:])
         out = varlen(qp, kp, vp, cu_q, cu_k, max_q, max_k)
         out = pad_input(out, idx_q, batch, q_len)
-    elif all(x is not None for x in (cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)):
+    elif (cu_seq_lens_q is not None and cu_seq_lens_k is not None and max_length_q is not None
+          and max_length_k is not None):
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
         out = varlen(*flat, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
         out = out.view(batch, -1, *out.shape[1:])

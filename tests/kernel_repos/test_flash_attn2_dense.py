@@ -185,8 +185,11 @@ def test_dispatch_rules(monkeypatch):
     autograd = importlib.import_module(fa.__name__ + "._autograd")
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(autograd, "_CUDA_BACKENDS", {})
     assert autograd.backend_for(_FakeCuda()) == "gpu"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert autograd.backend_for(_FakeCuda()) == "gpu", "answered once per device and process"
+    monkeypatch.setattr(autograd, "_CUDA_BACKENDS", {})
     monkeypatch.setattr(autograd, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match="below 8.0"):
         assert autograd.backend_for(_FakeCuda()) == "torch"

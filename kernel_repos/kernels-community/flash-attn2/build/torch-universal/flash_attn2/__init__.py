@@ -55,7 +55,8 @@ def flash_attn_func(
     Raises ValueError / NotImplementedError as the module docstring says.
     """
     out, lse = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+                          window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                          need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 
@@ -104,7 +105,7 @@ def flash_attn_varlen_func(
     out, lse = _attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,
                           softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                          softcap=softcap, alibi_slopes=alibi_slopes)
+                          softcap=softcap, alibi_slopes=alibi_slopes, need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
 
 

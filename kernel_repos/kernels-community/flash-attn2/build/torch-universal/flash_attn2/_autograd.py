@@ -17,26 +17,35 @@ import torch
 from . import _torch_impl, _validate
 
 _WARNED = set()
+_CUDA_BACKENDS: dict = {}  # device -> backend: the answer cannot change within a process
 
 
 def backend_for(t: torch.Tensor) -> str:
     """"gpu", "interpreter" or "torch": which implementation serves tensors like ``t``."""
-    if t.device.type == "cuda":
-        if getattr(torch.version, "hip", None):
-            _warn_once("rocm", "flash-attn2: the Triton kernels are not tuned/tested on ROCm; using the PyTorch path")
-            return "torch"
-        cap = torch.cuda.get_device_capability(t.device)
-        if cap < (8, 0):
-            _warn_once(
-                cap,
-                f"flash-attn2: GPU capability {cap[0]}.{cap[1]} is below 8.0 (the Triton kernels "
-                "need Ampere or newer); using the slower PyTorch path",
-            )
-            return "torch"
-        return "gpu"
-    if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1":
+    device = t.device
+    if device.type == "cuda":
+        backend = _CUDA_BACKENDS.get(device)
+        if backend is None:
+            backend = _CUDA_BACKENDS[device] = _cuda_backend(device)
+        return backend
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1":
         return "interpreter"
     return "torch"
+
+
+def _cuda_backend(device: torch.device) -> str:
+    if getattr(torch.version, "hip", None):
+        _warn_once("rocm", "flash-attn2: the Triton kernels are not tuned/tested on ROCm; using the PyTorch path")
+        return "torch"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 0):
+        _warn_once(
+            cap,
+            f"flash-attn2: GPU capability {cap[0]}.{cap[1]} is below 8.0 (the Triton kernels "
+            "need Ampere or newer); using the slower PyTorch path",
+        )
+        return "torch"
+    return "gpu"
 
 
 def _warn_once(key, msg: str) -> None:
@@ -54,20 +63,26 @@ def draw_seed() -> int:
     return int(torch.randint(0, 2**31 - 1, (1,)).item())
 
 
-def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts, store_lse=True):
+    global _attention_forward
+    if _attention_forward is None:  # Triton is imported on first use only
+        from ._triton_fwd import attention_forward as _attention_forward
+
     # The kernels take any batch/token/head strides but assume unit stride along head_dim.
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts):
-    from ._triton_fwd import attention_forward
-
-    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    out, lse = attention_forward(
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    out, lse = _attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-        alibi_slopes=alibi_slopes, **opts,
+        alibi_slopes=alibi_slopes, store_lse=store_lse, **opts,
     )
     return q, k, v, out, lse
+
+
+_attention_forward = None
 
 
 class _TritonAttention(torch.autograd.Function):
@@ -106,9 +121,11 @@ def attention(
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    need_lse: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Validate, choose the backend and run; returns ``(out, lse)`` with flash-attn layouts.
 
+    ``need_lse=False`` lets an inference call on the GPU kernels skip writing lse (then None).
     Raises ValueError / NotImplementedError from ``_validate`` for unsupported input.
     """
     packed = cu_seqlens_q is not None
@@ -141,7 +158,7 @@ def attention(
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # inference (decode steps above all) skips autograd.Function's bookkeeping: in eager
         # decoding the host's cost per call, not the GPU's, sets the pace
-        return _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts)[3:]
+        return _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts, need_lse)[3:]
     return _TritonAttention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts)
 
 

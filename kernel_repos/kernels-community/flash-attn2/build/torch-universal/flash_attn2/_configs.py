@@ -5,7 +5,7 @@ dimension (32, 64, 128, 256). Families: sm90 (H100/H200), sm80 (A100; also used 
 with fewer stages since their shared memory is smaller), and the interpreter (CPU test suite:
 small tiles so short test sequences still cross several blocks).
 
-``FLASH_ATTN2_AUTOTUNE=1`` opts in to timing a few candidates on the first call of each shape
+``FLASH_ATTN2_AUTOTUNE=1`` (set before the import) opts in to timing a few candidates on the first call of each shape
 class and keeping the fastest for the rest of the process.
 """
 
@@ -85,9 +85,9 @@ def pick(kind: str, capability: Optional[Tuple[int, int]], block_d: int) -> tupl
     return _table(kind, capability)[block_d]
 
 
-def autotune_enabled() -> bool:
-    """True when ``FLASH_ATTN2_AUTOTUNE=1`` asks for timing candidates on first use."""
-    return os.environ.get("FLASH_ATTN2_AUTOTUNE", "0") == "1"
+# Read once at import (set the variable before importing the kernel): the launch path consults
+# it on every call, where an environment lookup is measurable host time.
+AUTOTUNE = os.environ.get("FLASH_ATTN2_AUTOTUNE", "0") == "1"
 
 
 def candidates(kind: str, block_d: int) -> List[Config]:

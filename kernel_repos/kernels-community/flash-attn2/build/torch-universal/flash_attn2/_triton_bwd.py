@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import _configs
+from ._launch import Launcher
 from ._triton_fwd import (
     LOG2E,
     _allowed,
@@ -443,8 +444,8 @@ def _bwd_dq_kernel(
 def _strides3(t: torch.Tensor, varlen: bool) -> Tuple[int, int, int]:
     """(batch, token, head) strides; packed tensors have no batch stride."""
     if varlen:
-        return (0, t.stride(0), t.stride(1))
-    return (t.stride(0), t.stride(1), t.stride(2))
+        return (0,) + t.stride()[:2]
+    return t.stride()[:3]
 
 
 def attention_backward(
@@ -497,7 +498,8 @@ def attention_backward(
     if k.shape[0 if varlen else 1] == 0:
         return dq.zero_(), dk, dv
     delta = torch.empty_like(lse)
-    left, right = window_size
+    left, right = int(window_size[0]), int(window_size[1])
+    softcap = float(softcap)
     if causal:
         right = 0
     if alibi_slopes is not None:
@@ -512,43 +514,45 @@ def attention_backward(
     cuk = cu_seqlens_k if varlen else dummy
     used = seqused_k if seqused_k is not None else dummy
     alibi = alibi_slopes if alibi_slopes is not None else dummy
-    common = dict(
-        IS_VARLEN=varlen, HAS_SEQUSED=seqused_k is not None,
-        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=softcap > 0,
-        HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=dropout_p > 0.0,
-        EVEN_D=block_d == head_dim, BLOCK_D=block_d,
-    )
+    softmax_scale = float(softmax_scale)
     scalars = (softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
-               float(softcap), float(softmax_scale), left, right, float(dropout_p), int(seed),
+               softcap, softmax_scale, left, right, float(dropout_p), int(seed),
                sq_max, sk_max)
 
     pre_m = 64 if cap is not None else 16
-    _delta_kernel[(triton.cdiv(sq_max, pre_m), batch * hq)](
-        out, do, delta, cuq, *_strides3(out, varlen), *_strides3(do, varlen), *l3,
-        sq_max, hq, head_dim, IS_VARLEN=varlen, BLOCK_M=pre_m, BLOCK_D=block_d,
+    so, sdo = _strides3(out, varlen), _strides3(do, varlen)
+    _DELTA(
+        ((sq_max + pre_m - 1) // pre_m, batch * hq, 1),
+        (out, do, delta, cuq, *so, *sdo, *l3, sq_max, hq, head_dim),
+        (varlen, pre_m, block_d), 4, 3,  # Triton's defaults, as before the Launcher
     )
+    sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
+                 *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
+                 sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
+    dq_args = (q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
+               *_strides3(dq, varlen), *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
+    flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
+             alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
 
     def launch(cfg):
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
-        _bwd_dkdv_kernel[(triton.cdiv(sk_max, bn_), batch * hk)](
-            q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi,
-            *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
-            *_strides3(do, varlen), *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
-            sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars,
-            BLOCK_M=bm_, BLOCK_N=bn_, KEYS_AS_ROWS=mode in ("keys", "keys-2pass"),
-            TWO_PASS=mode.endswith("2pass"), num_warps=w_, num_stages=s_, **common,
-        )
-        _bwd_dq_kernel[(triton.cdiv(sq_max, bm2), batch * hq)](
-            q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi,
-            *_strides3(q, varlen), *_strides3(k, varlen), *_strides3(v, varlen),
-            *_strides3(do, varlen), *_strides3(dq, varlen), *l3, *a2,
-            sq_max, sk_max, hq, hq // hk, head_dim, *scalars,
-            REVERSE=right >= 0, BLOCK_M=bm2, BLOCK_N=bn2, num_warps=w2, num_stages=s2, **common,
-        )
+        _DKDV(((sk_max + bn_ - 1) // bn_, batch * hk, 1), dkdv_args,
+              flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass")), w_, s_)
+        _DQ(((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
+            flags + (right >= 0, bm2, bn2, block_d), w2, s2)
 
-    cfg = config if config is not None else shipped
-    if config is None and cap is not None and _configs.autotune_enabled():
+    if config is not None:
+        launch(config)
+    elif cap is not None and _configs.AUTOTUNE:
         key = ("bwd", cap, block_d, q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
-        cfg = _configs.tuned(key, cfg, "bwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c)))
-    launch(cfg)
+        cfg = _configs.tuned(key, shipped, "bwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c)))
+        launch(cfg)
+    else:
+        launch(shipped)
     return dq, dk, dv
+
+
+_DELTA = Launcher(_delta_kernel)
+_DKDV = Launcher(_bwd_dkdv_kernel)
+_DQ = Launcher(_bwd_dq_kernel)

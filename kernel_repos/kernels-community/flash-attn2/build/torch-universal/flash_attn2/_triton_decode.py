@@ -19,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ._launch import Launcher
+from ._triton_fwd import capability_of as _capability
+
 _LOG2E = 1.4426950408889634
 
 
@@ -198,9 +201,14 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+_SMS: dict = {}
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        if device not in _SMS:  # a device-properties query on every decode step is host time
+            _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        return _SMS[device]
     # Under the interpreter: a small pretend GPU, so the CPU tests exercise several splits.
     return 4
 
@@ -230,7 +238,7 @@ def _config(head_dim: int, device: torch.device) -> tuple[int, int, int]:
     """
     if device.type != "cuda":
         return 16, 1, 1
-    big_smem = torch.cuda.get_device_capability(device) in ((8, 0), (9, 0))
+    big_smem = _capability(device) in ((8, 0), (9, 0))
     if head_dim <= 64:
         return 128, 4, 4 if big_smem else 2
     if head_dim <= 128:
@@ -279,13 +287,12 @@ def decode_attention(
     lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device)
     if batch == 0 or seqlen_q == 0:
         return out, lse
-
     block_n, num_warps, num_stages = config or _config(head_dim, device)
     block_d = max(16, 1 << (int(head_dim) - 1).bit_length())
     rows = group * seqlen_q
     if block_m is None:
         block_m = max(16, min(64, 1 << (int(rows) - 1).bit_length()))
-    m_blocks = triton.cdiv(rows, block_m)
+    m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
     splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, device,
                                                                   block_n)
@@ -306,39 +313,38 @@ def decode_attention(
     alibi_stride = 0
     if alibi_slopes is not None and alibi_slopes.dim() == 2:
         alibi_stride = alibi_slopes.stride(0)
-    grid = (splits, m_blocks, batch * num_kv_heads)
-    _split_kernel[grid](
-        q, k_cache, v_cache,
-        block_table if block_table is not None else dummy,
-        total_lens if total_lens is not None else dummy,
-        batch_idx if batch_idx is not None else dummy,
-        leftpad if leftpad is not None else dummy,
-        alibi_slopes if alibi_slopes is not None else dummy,
-        o_target, l_target,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(),
-        block_table.stride(0) if block_table is not None else 0,
-        alibi_stride,
-        *o_strides, *l_strides,
-        seqlen_q, num_kv_heads, head_dim, total_len_uniform,
-        softmax_scale * _LOG2E, softcap, window_left, window_right,
-        GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        PAGE_SIZE=page_size, NUM_SPLITS=splits,
-        HAS_LENS=total_lens is not None, HAS_BATCH_IDX=batch_idx is not None,
-        HAS_LEFTPAD=leftpad is not None, HAS_ALIBI=alibi_slopes is not None,
-        HAS_SOFTCAP=softcap > 0.0,
-        HAS_WINDOW_LEFT=window_left >= 0, HAS_WINDOW_RIGHT=window_right >= 0,
-        FINAL=final,
-        num_warps=num_warps, num_stages=num_stages,
+    _SPLIT(
+        (splits, m_blocks, batch * num_kv_heads),
+        (
+            q, k_cache, v_cache,
+            block_table if block_table is not None else dummy,
+            total_lens if total_lens is not None else dummy,
+            batch_idx if batch_idx is not None else dummy,
+            leftpad if leftpad is not None else dummy,
+            alibi_slopes if alibi_slopes is not None else dummy,
+            o_target, l_target,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(),
+            block_table.stride(0) if block_table is not None else 0,
+            alibi_stride,
+            *o_strides, *l_strides,
+            seqlen_q, num_kv_heads, head_dim, int(total_len_uniform),
+            float(softmax_scale) * _LOG2E, float(softcap), int(window_left), int(window_right),
+        ),
+        (group, block_m, block_n, block_d, page_size, splits,
+         total_lens is not None, batch_idx is not None, leftpad is not None,
+         alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, final),
+        num_warps, num_stages,
     )
     if not final:
-        _combine_kernel[(batch * num_heads * seqlen_q,)](
-            o_target, l_target, out, lse,
-            *o_target.stride(), *l_target.stride(),
-            out.stride(0), out.stride(1), out.stride(2), out.stride(3),
-            *lse.stride(),
-            num_heads, seqlen_q, head_dim,
-            NUM_SPLITS=splits, BLOCK_S=max(2, 1 << (int(splits) - 1).bit_length()),
-            BLOCK_D=block_d,
-            num_warps=1 if device.type != "cuda" else 4,
+        _COMBINE(
+            (batch * num_heads * seqlen_q, 1, 1),
+            (o_target, l_target, out, lse, *o_target.stride(), *l_target.stride(), *out.stride(),
+             *lse.stride(), num_heads, seqlen_q, head_dim),
+            (splits, max(2, 1 << (int(splits) - 1).bit_length()), block_d),
+            1 if device.type != "cuda" else 4, 3,  # Triton's default stage count
         )
     return out, lse
+
+
+_SPLIT = Launcher(_split_kernel)
+_COMBINE = Launcher(_combine_kernel)

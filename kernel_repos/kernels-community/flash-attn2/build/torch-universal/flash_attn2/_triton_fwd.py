@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from . import _configs
+from ._launch import Launcher
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -190,7 +191,7 @@ def _fwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-    REVERSE: tl.constexpr,
+    REVERSE: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -267,8 +268,9 @@ def _fwd_kernel(
     o_base = Out + b64 * stride_ob + h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_om
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=q_mask)
-    l_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
-    tl.store(l_base + offs_m * stride_lm, lse, mask=offs_m < seqlen_q)
+    if STORE_LSE:
+        l_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
+        tl.store(l_base + offs_m * stride_lm, lse, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -302,11 +304,21 @@ def dropout_keep_mask(seed: int, batch: int, heads_q: int, rng_sq: int, rng_sk: 
     return mask.bool()
 
 
+_CAPABILITY: dict = {}
+
+
+def capability_of(device: torch.device) -> Tuple[int, int]:
+    """A CUDA device's capability, asked once per device: the query costs host time per launch."""
+    cap = _CAPABILITY.get(device)
+    if cap is None:
+        cap = _CAPABILITY[device] = torch.cuda.get_device_capability(device)
+    return cap
+
+
 def device_capability(t: torch.Tensor) -> Optional[Tuple[int, int]]:
     """GPU capability of ``t``'s device, or None when running under the interpreter (CPU)."""
-    if t.device.type == "cuda":
-        return torch.cuda.get_device_capability(t.device)
-    return None
+    device = t.device
+    return capability_of(device) if device.type == "cuda" else None
 
 
 def next_pow2_dim(d: int) -> int:
@@ -334,8 +346,11 @@ def attention_forward(
     seed: int = 0,
     out: Optional[torch.Tensor] = None,
     config: Optional[Tuple[int, int, int, int]] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    store_lse: bool = True,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``.
+
+    ``store_lse=False`` (inference callers that drop it) skips the lse buffer: lse is None.
 
     ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table (benchmarks).
     """
@@ -343,67 +358,62 @@ def attention_forward(
     head_dim = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen:
         batch = cu_seqlens_q.numel() - 1
         total_q, hq, _ = q.shape
         hk = k.shape[1]
         sq_max, sk_max = int(max_seqlen_q), int(max_seqlen_k)
-        q4 = (0, q.stride(0), q.stride(1))
-        k4 = (0, k.stride(0), k.stride(1))
-        v4 = (0, v.stride(0), v.stride(1))
-        if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        o4 = (0, out.stride(0), out.stride(1))
-        lse = torch.empty(hq, total_q, device=q.device, dtype=torch.float32)
-        l3 = (0, lse.stride(0), lse.stride(1))
+        lse = torch.empty(hq, total_q, device=q.device, dtype=torch.float32) if store_lse else None
+        strides = ((0,) + q.stride()[:2] + (0,) + k.stride()[:2] + (0,) + v.stride()[:2]
+                   + (0,) + out.stride()[:2] + ((0,) + lse.stride() if store_lse else (0, 0, 0)))
     else:
         batch, sq_max, hq, _ = q.shape
         sk_max, hk = k.shape[1], k.shape[2]
-        q4 = (q.stride(0), q.stride(1), q.stride(2))
-        k4 = (k.stride(0), k.stride(1), k.stride(2))
-        v4 = (v.stride(0), v.stride(1), v.stride(2))
-        if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        o4 = (out.stride(0), out.stride(1), out.stride(2))
-        lse = torch.empty(batch, hq, sq_max, device=q.device, dtype=torch.float32)
-        l3 = (lse.stride(0), lse.stride(1), lse.stride(2))
-    left, right = window_size
+        lse = torch.empty(batch, hq, sq_max, device=q.device, dtype=torch.float32) if store_lse else None
+        strides = (q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + out.stride()[:3]
+                   + (lse.stride() if store_lse else (0, 0, 0)))
+    left, right = int(window_size[0]), int(window_size[1])
     if causal:
         right = 0
     if alibi_slopes is not None:
-        a2 = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 else (0, alibi_slopes.stride(0))
+        strides += (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 else (0, alibi_slopes.stride(0))
     else:
-        a2 = (0, 0)
-    block_d = next_pow2_dim(head_dim)
-    cap = device_capability(q)
-    bm, bn, warps, stages = _configs.pick("fwd", cap, block_d)
-    dummy = lse  # any tensor stands in for an absent optional pointer; it is never read
+        strides += (0, 0)
     if sq_max == 0 or batch == 0:
         return out, lse
+    block_d = next_pow2_dim(head_dim)
+    cap = device_capability(q)
+    dummy = out  # any tensor stands in for an absent optional pointer; it is never read
+    softcap = float(softcap)
+    args = (
+        q, k, v, out, lse if store_lse else dummy,
+        cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
+        seqused_k if seqused_k is not None else dummy,
+        alibi_slopes if alibi_slopes is not None else dummy,
+        *strides,
+        sq_max, sk_max, hq, hq // hk, head_dim,
+        float(softmax_scale) * LOG2E, float(softmax_scale) / softcap if softcap > 0 else 1.0, softcap,
+        left, right,
+        float(dropout_p), int(seed), sq_max, sk_max,
+    )
+    flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
+             alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim, right >= 0, store_lse)
 
     def launch(cfg):
         bm_, bn_, w_, s_ = cfg
-        grid = (triton.cdiv(sq_max, bm_), batch * hq)
-        _fwd_kernel[grid](
-            q, k, v, out, lse,
-            cu_seqlens_q if varlen else dummy, cu_seqlens_k if varlen else dummy,
-            seqused_k if seqused_k is not None else dummy,
-            alibi_slopes if alibi_slopes is not None else dummy,
-            *q4, *k4, *v4, *o4, *l3, *a2,
-            sq_max, sk_max, hq, hq // hk, head_dim,
-            softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0, float(softcap),
-            left, right,
-            float(dropout_p), int(seed), sq_max, sk_max,
-            IS_VARLEN=varlen, HAS_SEQUSED=seqused_k is not None,
-            HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, HAS_SOFTCAP=softcap > 0,
-            HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=dropout_p > 0.0,
-            EVEN_D=block_d == head_dim, REVERSE=right >= 0,
-            BLOCK_M=bm_, BLOCK_N=bn_, BLOCK_D=block_d, num_warps=w_, num_stages=s_,
-        )
+        _FWD(((sq_max + bm_ - 1) // bm_, batch * hq, 1), args, flags + (bm_, bn_, block_d), w_, s_)
 
-    cfg = config or (bm, bn, warps, stages)
-    if config is None and cap is not None and _configs.autotune_enabled():
+    if config is not None:
+        launch(config)
+    elif cap is not None and _configs.AUTOTUNE:
         key = ("fwd", cap, block_d, q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
-        cfg = _configs.tuned(key, cfg, "fwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c)))
-    launch(cfg)
+        default = _configs.pick("fwd", cap, block_d)
+        launch(_configs.tuned(key, default, "fwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c))))
+    else:
+        launch(_configs.pick("fwd", cap, block_d))
     return out, lse
+
+
+_FWD = Launcher(_fwd_kernel)

@@ -15,8 +15,25 @@ TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool) -> None:
     """Shapes, dtypes, devices and head counts of q/k/v.
 
-    Raises ValueError on a mismatch (the message names both shapes).
+    Raises TypeError for a non-tensor, ValueError on a mismatch (the message names both shapes).
     """
+    # One combined test first: this runs on every decode step of every layer, and the detailed
+    # checks below, which word the error, cost several times as much host time.
+    try:
+        qs, ks = q.shape, k.shape
+        want = 3 if packed else 4
+        if (len(qs) == want and len(ks) == want and ks == v.shape and q.dtype == k.dtype == v.dtype
+                and q.dtype in TORCH_DTYPES and q.device == k.device == v.device
+                and (packed or qs[0] == ks[0]) and ks[-2] > 0 and qs[-2] % ks[-2] == 0
+                and ks[-1] == qs[-1] and 1 <= qs[-1] <= MAX_HEAD_DIM):
+            return
+    except AttributeError:
+        pass
+    _explain_qkv(q, k, v, packed)
+    raise ValueError(f"unsupported q/k/v: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
+def _explain_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool) -> None:
     want = 3 if packed else 4
     layout = "[total_tokens, heads, head_dim]" if packed else "[batch, seqlen, heads, head_dim]"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -61,7 +78,7 @@ def check_options(
     """Option ranges. Raises ValueError naming the bad option and its allowed range."""
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if len(window_size) != 2 or any(int(w) < -1 for w in window_size):
+    if len(window_size) != 2 or int(window_size[0]) < -1 or int(window_size[1]) < -1:
         raise ValueError(f"window_size must be (left, right) with each >= -1 (-1 = unbounded), got {window_size}")
     if float(softcap) < 0.0:
         raise ValueError(f"softcap must be >= 0 (0 disables it), got {softcap}")

@@ -1,0 +1,318 @@
+"""Host time per call: ours beside SDPA on the GPU machine, where it goes, and what it costs end to end.
+
+    PYTHONPATH=. python3 bench/host_overhead.py OUT_DIR [--skip=checks,e2e]
+
+In eager decoding (one query token per layer) and in short training steps the host's cost per
+call, not the GPU's, sets the pace. Phases (each recorded even when another fails):
+
+1. checks: bench/check_gpu.py's cases and bench/decode.py's checks, each run twice with the
+   Launcher in check mode (every cached launch also asks Triton for its own kernel and raises on a
+   difference); the second run goes through the cached launch path, so its errors vs fp64 are the
+   fast path's.
+2. layer calls: wall µs per call (many calls, one synchronisation) of a decode-layer attention
+   call (transformers' ``sdpa_attention_forward`` vs our flash wrapper, cached launches on and off),
+   and of the pieces under it.
+3. short steps: forward+backward at d=64/1k and d=128/1k causal, do_bench median, ours (cached
+   launches on and off) vs SDPA's FlashAttention-2 backend; plus the host's issue time per step.
+4. profile: cProfile of our decode-layer call and our training step, top entries by own time.
+5. end to end: the ~1.2B Llama of bench/e2e_transformers.py, bf16, prefill 8x2048 and 128 greedy
+   decode steps; sdpa and our kernel alternated, then ours with Triton's own launch path.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests" / "kernel_repos"))
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+T0 = time.time()
+RESULT: dict = {}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def launchers() -> list:
+    """Every Launcher of every loaded copy of the kernel package (duck-typed: copies differ)."""
+    found = []
+    for name, mod in list(sys.modules.items()):
+        if "flash_attn2" not in name and "flash-attn2" not in name:
+            continue
+        for value in vars(mod).values():
+            if hasattr(value, "_cache") and hasattr(value, "_fast") and hasattr(value, "_verify"):
+                found.append(value)
+    return found
+
+
+def set_fast(on: bool) -> None:
+    for launcher in launchers():
+        launcher._fast = on
+
+
+def set_check(on: bool) -> None:
+    for launcher in launchers():
+        launcher._check = on
+
+
+def per_call_us(fn, n: int = 300) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / n * 1e6)
+    return best
+
+
+def shipped_kernel():
+    from kernel_loader.loader import get_bundled_kernel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return get_bundled_kernel("kernels-community/flash-attn2")
+
+
+def phase(name: str):
+    def wrap(fn):
+        log(f"--- {name}")
+        try:
+            RESULT[name] = fn()
+        except Exception as exc:  # one phase failing must not hide the others
+            RESULT[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000], "trace": traceback.format_exc()[-4000:]}
+            log(RESULT[name]["trace"])
+        return fn
+    return wrap
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    skip = next((a.split("=", 1)[1].split(",") for a in sys.argv[2:] if a.startswith("--skip=")), [])
+    import transformers
+    import triton
+
+    RESULT["meta"] = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()), "command": "PYTHONPATH=. python3 " + " ".join(sys.argv),
+        "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+        "transformers": transformers.__version__, "cuda": torch.version.cuda,
+    }
+    log(json.dumps(RESULT["meta"]))
+    kernel = shipped_kernel()
+    import attention as A
+
+    A.load_package()
+
+    def save() -> None:
+        (out / "host_overhead.json").write_text(json.dumps(RESULT, indent=1, default=str))
+
+    if "checks" not in skip:
+        @phase("1 checks (cached launches, check mode)")
+        def _checks():
+            import check_gpu
+            import decode
+
+            set_check(True)
+            rows = {}
+            for name, case in check_gpu.CHECKS.items():
+                for dt in case[-1]:
+                    first = check_gpu.run_check(name, dt)
+                    second = check_gpu.run_check(name, dt)
+                    rows[f"{name}/{dt}"] = {"first_ok": first["ok"], "second": second}
+                    log(f"{name}/{dt}: {rows[f'{name}/{dt}']}")
+            rows["decode"] = [decode.check(), decode.check()]
+            log(f"decode: {rows['decode']}")
+            set_check(False)
+            rows["cached_kernels"] = sum(launcher.cached for launcher in launchers())
+            return rows
+        save()
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from kernel_loader.attention import flash as flash_mod
+
+    ours = flash_mod.make_flash_attention(kernel)
+
+    def layer_inputs(batch, ctx, hq, hk, d):
+        q = torch.randn(batch, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.bfloat16)
+        module = SimpleNamespace(is_causal=True, training=False, layer_idx=0, num_key_value_groups=hq // hk)
+        return module, q, k, v
+
+    @phase("2 layer calls")
+    def _layers():
+        rows = []
+        for batch, ctx, hq, hk, d in ((8, 2304, 32, 8, 64), (1, 32768, 32, 8, 128), (32, 4096, 32, 8, 128)):
+            module, q, k, v = layer_inputs(batch, ctx, hq, hk, d)
+            qf, kf, vf = (t.transpose(1, 2) for t in (q, k, v))
+            row = {"batch": batch, "ctx": ctx, "heads": f"{hq}/{hk}", "d": d}
+            with torch.no_grad():
+                row["sdpa_wrapper_us"] = per_call_us(lambda: sdpa_attention_forward(module, q, k, v, None, scaling=d ** -0.5))
+                row["sdpa_raw_us"] = per_call_us(
+                    lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True))
+                for fast in (True, False):
+                    set_fast(fast)
+                    tag = "cached" if fast else "triton"
+                    row[f"ours_wrapper_{tag}_us"] = per_call_us(lambda: ours(module, q, k, v, None, scaling=d ** -0.5))
+                    row[f"ours_func_{tag}_us"] = per_call_us(lambda: kernel.flash_attn_func(qf, kf, vf, causal=True))
+                set_fast(True)
+                # GPU time alone: the same call replayed from a CUDA graph
+                try:
+                    g = torch.cuda.CUDAGraph()
+                    s = torch.cuda.Stream()
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        ours(module, q, k, v, None, scaling=d ** -0.5)
+                    torch.cuda.current_stream().wait_stream(s)
+                    with torch.cuda.graph(g):
+                        ours(module, q, k, v, None, scaling=d ** -0.5)
+                    row["ours_graph_replay_us"] = per_call_us(g.replay)
+                except Exception as exc:  # a path that syncs cannot be captured; say so
+                    row["ours_graph_replay_us"] = f"{type(exc).__name__}: {exc}"[:200]
+                ref = sdpa_attention_forward(module, q, k, v, None, scaling=d ** -0.5)[0].float()
+                got = ours(module, q, k, v, None, scaling=d ** -0.5)[0].float()
+                row["ours_vs_sdpa_rel_err"] = ((got - ref).norm() / ref.norm()).item()
+            rows.append(row)
+            log(json.dumps(row))
+        return rows
+    save()
+
+    @phase("3 short steps")
+    def _short():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        fa = A.load_package()
+        rows = []
+        for dim, causal in ((64, False), (64, True), (128, True)):
+            batch, seq = 16, 1024
+            flops = A.fwd_flops(batch, A.HEADS, seq, seq, dim, causal) * 3.5
+            row = {"d": dim, "seq": seq, "causal": causal}
+            for provider in ("fa2", "ours-cached", "ours-triton"):
+                q, k, v = A.inputs_for("ours" if provider.startswith("ours") else provider, batch, seq, dim, grad=True)
+                do = torch.randn_like(q)
+                if provider.startswith("ours"):
+                    set_fast(provider == "ours-cached")
+
+                    def f():
+                        return fa.flash_attn_func(q, k, v, causal=causal)
+                else:
+                    def f():
+                        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                def step():
+                    return torch.autograd.grad(f(), (q, k, v), do)
+
+                step()
+                ms = sorted(A.bench_ms(step) for _ in range(3))[1]
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(20):
+                    step()
+                issue = (time.perf_counter() - t) / 20 * 1e6
+                torch.cuda.synchronize()
+                row[provider] = {"ms": ms, "tflops": flops / (ms * 1e-3) / 1e12, "host_issue_us": issue}
+            set_fast(True)
+            row["ours_over_fa2"] = row["fa2"]["ms"] / row["ours-cached"]["ms"]
+            rows.append(row)
+            log(json.dumps(row))
+        return rows
+    save()
+
+    @phase("4 profile")
+    def _profile():
+        fa = A.load_package()
+        texts = {}
+        module, q, k, v = layer_inputs(8, 2304, 32, 8, 64)
+        qs, ks, vs = A.inputs_for("ours", 16, 1024, 64, grad=True)
+        do = torch.randn_like(qs)
+        jobs = {
+            "decode layer call": lambda: ours(module, q, k, v, None, scaling=0.125),
+            "fwd+bwd step d64/1k": lambda: torch.autograd.grad(fa.flash_attn_func(qs, ks, vs), (qs, ks, vs), do),
+        }
+        for name, fn in jobs.items():
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(300):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+            texts[name] = buf.getvalue()
+        (out / "profile.txt").write_text("\n\n".join(f"## {k}\n{v}" for k, v in texts.items()))
+        return {"written": "profile.txt"}
+    save()
+
+    if "e2e" not in skip:
+        @phase("5 end to end")
+        def _e2e():
+            import e2e_transformers as e
+
+            import kernel_loader.integrations.transformers as klt
+
+            klt.enable()
+            config = e._big_config(transformers, smoke=False)
+            torch.manual_seed(0)
+            with torch.device("cuda"):
+                model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                                      dtype=torch.bfloat16).eval()
+            ids = torch.randint(3, config.vocab_size, (8, 2048), device="cuda")
+            mask = torch.ones_like(ids)
+
+            def generate(n):
+                return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, pad_token_id=0)
+
+            def prefill():
+                return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
+            rows = []
+            with torch.no_grad():
+                for impl, fast in (("sdpa", True), (e.KERNEL, True), ("sdpa", True), (e.KERNEL, True),
+                                   (e.KERNEL, False)):
+                    model.set_attn_implementation(impl)
+                    set_fast(fast)
+                    generate(8)
+                    for _ in range(3):
+                        prefill()
+                    pre = sorted(e._timed(prefill, "cuda") for _ in range(5))[2]
+                    one = e._timed(lambda: generate(1), "cuda")
+                    full = e._timed(lambda: generate(128), "cuda")
+                    row = {"impl": impl, "cached_launch": fast, "prefill_ms": pre * 1e3,
+                           "decode_ms_per_step": (full - one) / 127 * 1e3}
+                    rows.append(row)
+                    log(json.dumps(row))
+            set_fast(True)
+            params = sum(p.numel() for p in model.parameters())
+            return {"params": params, "rows": rows}
+        save()
+
+    log(f"done in {time.time() - T0:.0f} s")
+    save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Launching the Triton kernels with as little host work per call as Triton allows.
+
+Why: in eager decoding (one query token per layer) and in short training steps the host's cost
+per call, not the GPU's, sets the pace. ``kernel[grid](...)`` rebuilds the argument
+specialisation, a string cache key, the launch metadata and the hook chain on every call.
+After the first launch of a specialisation this module keeps the compiled kernel and calls its
+launcher directly (bench/host_overhead.py measures both).
+
+Correctness rests on the cache key: it holds everything Triton specialises a compiled kernel on:
+each pointer's dtype and 16-byte alignment, each integer's divisibility by 16, equality to 1 and
+width (32/64 bit), the compile-time constants and the launch options, so a launch never reuses a
+kernel compiled under other assumptions. ``FLASH_ATTN2_LAUNCH_CHECK=1`` also asks Triton for its
+own choice on every call and raises if the two ever differ (the GPU check script runs that way).
+
+Calling convention (all our kernels follow it): runtime arguments first, in kernel order, with
+each position always of one type (tensor, int or float); then every ``tl.constexpr`` parameter.
+Under ``TRITON_INTERPRET=1``, with launch hooks installed (profilers), or on a Triton whose
+compiled kernels lack the expected attributes, every call takes Triton's own path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import os
+from typing import Any, Callable, Dict, Sequence, Tuple
+
+import torch
+
+_I32_MIN, _I32_MAX, _U64_MIN = -(2**31), 2**31 - 1, 2**63
+
+
+def int_spec(i: int) -> int:
+    """The property code Triton specialises an integer argument on (see module docstring)."""
+    if i == 1:
+        return 8
+    width = 0 if _I32_MIN <= i <= _I32_MAX else (2 if i < _U64_MIN else 4)
+    return width | (i & 15 == 0)
+
+
+def tensor_spec(t: torch.Tensor) -> Tuple[torch.dtype, bool]:
+    """A pointer argument's dtype and whether it is 16-byte aligned."""
+    return t.dtype, t.data_ptr() & 15 == 0
+
+
+def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
+    if not positions:
+        return lambda args: ()
+    if len(positions) == 1:
+        p = positions[0]
+        return lambda args: (args[p],)
+    return operator.itemgetter(*positions)
+
+
+def _constexpr_positions(fn: Any) -> list:
+    if getattr(fn, "constexprs", None) is not None:
+        return sorted(fn.constexprs)
+    # the interpreter's function has no such list: read the annotations (strings under
+    # ``from __future__ import annotations``)
+    params = inspect.signature(fn.fn).parameters.values()
+    return [i for i, p in enumerate(params) if "constexpr" in str(p.annotation)]
+
+
+_KNOBS: Any = None
+
+
+def _hooks_active() -> bool:
+    """Whether a launch hook (a profiler such as Proton) wants to see launches."""
+    global _KNOBS
+    if _KNOBS is None:
+        try:
+            from triton import knobs as _KNOBS
+        except ImportError:  # older Triton: no knobs module, so no hook to honour here
+            return False
+    hook = _KNOBS.runtime.launch_enter_hook
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else bool(calls)
+
+
+class Launcher:
+    """``Launcher(kernel)(grid, args, constexprs, num_warps, num_stages)`` launches ``kernel``.
+
+    ``args`` are the runtime arguments in kernel order; ``constexprs`` the values of the
+    kernel's ``tl.constexpr`` parameters in kernel order (they must come last in its signature).
+    Raises ValueError at construction when they do not, and RuntimeError in check mode when the
+    cache would pick a kernel Triton would not.
+    """
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        names = list(fn.arg_names)
+        constexpr = _constexpr_positions(fn)
+        if constexpr != list(range(len(names) - len(constexpr), len(names))):
+            raise ValueError(f"{names}: tl.constexpr parameters must come last for the Launcher")
+        self._constexpr_names = tuple(names[i] for i in constexpr)
+        self._cache: Dict[tuple, tuple] = {}
+        self._ptrs: Callable[[tuple], tuple] | None = None
+        self._ints: Callable[[tuple], tuple] = _getter(())
+        self._types: Tuple[type, ...] = ()
+        self._fast = os.environ.get("TRITON_INTERPRET", "0") != "1" and \
+            os.environ.get("FLASH_ATTN2_FAST_LAUNCH", "1") != "0"
+        self._check = os.environ.get("FLASH_ATTN2_LAUNCH_CHECK", "0") == "1"
+        self._stream: Callable[[], int] | None = None
+
+    def _learn_positions(self, args: tuple) -> None:
+        types = tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
+                      for a in args)
+        self._types = types
+        self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
+        self._ints = _getter([i for i, t in enumerate(types) if t is int])
+
+    def _key(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
+        # Runs on every launch: plain list comprehensions (measured faster than map() over slot
+        # wrappers) and C-level min/max/contains for the rare cases.
+        ints = self._ints(args)
+        if ints and (max(ints) > _I32_MAX or min(ints) < _I32_MIN):
+            int_key: tuple = ("wide",) + tuple([int_spec(i) for i in ints])
+        elif 1 in ints:  # 1 is its own class (Triton makes it a constant)
+            int_key = ("one",) + tuple([-1 if i == 1 else i & 15 for i in ints])
+        else:
+            # the residue mod 16 decides divisibility: finer than Triton's split, so one key
+            # never covers two of its kernels
+            int_key = tuple([i & 15 for i in ints])
+        return (
+            constexprs,
+            num_warps,
+            num_stages,
+            tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in self._ptrs(args)]),
+            int_key,
+        )
+
+    def __call__(self, grid: Tuple[int, int, int], args: tuple, constexprs: tuple,
+                 num_warps: int, num_stages: int) -> None:
+        if self._fast and self._ptrs is not None:
+            key = self._key(args, constexprs, num_warps, num_stages)
+            entry = self._cache.get(key)
+            if entry is not None and not _hooks_active():
+                run, function, metadata, compiled = entry
+                if self._check:
+                    self._verify(grid, args, constexprs, num_warps, num_stages, compiled)
+                run(grid[0], grid[1], grid[2], self._stream(), function, metadata, None, None, None,
+                    *args, *constexprs)
+                return
+        if len(constexprs) != len(self._constexpr_names):
+            raise ValueError(f"{self._constexpr_names}: got {len(constexprs)} constexpr values")
+        kwargs = dict(zip(self._constexpr_names, constexprs))
+        compiled = self._fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **kwargs)
+        if not self._fast or compiled is None:
+            return
+        try:
+            entry = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
+        except AttributeError:  # a Triton whose compiled kernels look different: stay on its path
+            self._fast = False
+            return
+        if self._ptrs is None:
+            self._learn_positions(args)
+            from triton.runtime.driver import driver
+
+            device = driver.active.get_current_device
+            stream = driver.active.get_current_stream
+            self._stream = lambda: stream(device())
+        elif self._check:
+            self._check_types(args)
+        self._cache[self._key(args, constexprs, num_warps, num_stages)] = entry
+
+    def _check_types(self, args: tuple) -> None:
+        types = tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
+                      for a in args)
+        if types != self._types:
+            raise RuntimeError(f"Launcher: argument types changed between calls: {self._types} -> {types}")
+
+    def _verify(self, grid, args, constexprs, num_warps, num_stages, compiled) -> None:
+        self._check_types(args)
+        kwargs = dict(zip(self._constexpr_names, constexprs))
+        theirs = self._fn.warmup(*args, grid=grid, num_warps=num_warps, num_stages=num_stages, **kwargs)
+        if theirs is not compiled:
+            raise RuntimeError(
+                f"Launcher cache picked another compiled kernel than Triton for {self._fn}: key "
+                f"{self._key(args, constexprs, num_warps, num_stages)}"
+            )
+
+    @property
+    def cached(self) -> int:
+        """How many compiled specialisations the fast path holds (tests and benchmarks)."""
+        return len(self._cache)
