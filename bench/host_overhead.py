@@ -175,6 +175,11 @@ def main() -> None:
                     row[f"ours_wrapper_{tag}_us"] = per_call_us(lambda: ours(module, q, k, v, None, scaling=d ** -0.5))
                     row[f"ours_func_{tag}_us"] = per_call_us(lambda: kernel.flash_attn_func(qf, kf, vf, causal=True))
                 set_fast(True)
+                # the wrapper's own routing of large K/V to flash_attn_with_kvcache, turned off
+                threshold = flash_mod.DECODE_MIN_KV_BYTES
+                flash_mod.DECODE_MIN_KV_BYTES = 1 << 62
+                row["ours_wrapper_no_kvcache_routing_us"] = per_call_us(lambda: ours(module, q, k, v, None, scaling=d ** -0.5))
+                flash_mod.DECODE_MIN_KV_BYTES = threshold
                 # GPU time alone: the same call replayed from a CUDA graph
                 try:
                     g = torch.cuda.CUDAGraph()
@@ -266,6 +271,56 @@ def main() -> None:
         return {"written": "profile.txt"}
     save()
 
+    if "sweep" not in skip:
+        @phase("4b prefill-shape forward: configs and SDPA")
+        def _sweep():
+            import importlib
+
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            fa = A.load_package()
+            fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+            configs = importlib.import_module(fa.__name__ + "._configs")
+            b, s_, hq, hk, d = 8, 2048, 32, 8, 64
+            q = torch.randn(b, s_, hq, d, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
+            flops = A.fwd_flops(b, hq, s_, s_, d, True)
+            shipped = configs.pick("fwd", (9, 0), 64)
+            ref = fwd.attention_forward(q, k, v, causal=True, config=shipped, store_lse=False)[0].float()
+            rows = []
+            for cfg in [shipped, (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3),
+                        (64, 64, 4, 4), (128, 32, 4, 4), (64, 128, 4, 3), (256, 64, 8, 3)]:
+                try:
+                    out = fwd.attention_forward(q, k, v, causal=True, config=cfg, store_lse=False)[0].float()
+                    err = ((out - ref).norm() / ref.norm()).item()
+                    ms = A.bench_ms(lambda: fwd.attention_forward(q, k, v, causal=True, config=cfg, store_lse=False))
+                    rows.append({"config": cfg, "ms": ms, "tflops": flops / ms / 1e9, "rel_diff_vs_shipped": err})
+                except Exception as exc:
+                    rows.append({"config": cfg, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                log(json.dumps(rows[-1]))
+            qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+            ke, ve = (t.repeat_interleave(hq // hk, dim=1) for t in (kt, vt))
+            for name, backend in (("default", None), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                  ("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+                for gqa in (True, False):
+                    def f():
+                        if gqa:
+                            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+                        return torch.nn.functional.scaled_dot_product_attention(qt, ke, ve, is_causal=True)
+                    try:
+                        if backend is None:
+                            ms = A.bench_ms(f)
+                        else:
+                            with sdpa_kernel(backend):
+                                ms = A.bench_ms(f)
+                        rows.append({"sdpa": name, "enable_gqa": gqa, "ms": ms, "tflops": flops / ms / 1e9})
+                    except Exception as exc:
+                        rows.append({"sdpa": name, "enable_gqa": gqa, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                    log(json.dumps(rows[-1]))
+            return rows
+        save()
+
     if "e2e" not in skip:
         @phase("5 end to end")
         def _e2e():
@@ -292,7 +347,7 @@ def main() -> None:
             rows = []
             with torch.no_grad():
                 for impl, fast in (("sdpa", True), (e.KERNEL, True), ("sdpa", True), (e.KERNEL, True),
-                                   (e.KERNEL, False)):
+                                   ("sdpa", True), (e.KERNEL, True), (e.KERNEL, False)):
                     model.set_attn_implementation(impl)
                     set_fast(fast)
                     generate(8)
@@ -308,6 +363,20 @@ def main() -> None:
             set_fast(True)
             params = sum(p.numel() for p in model.parameters())
             return {"params": params, "rows": rows}
+        save()
+
+    if "table" not in skip:
+        @phase("6 attention table")
+        def _table():
+            budget = next((float(a.split("=")[1]) for a in sys.argv[2:] if a.startswith("--table-until=")), 520.0)
+            deadline = T0 + budget
+            rows = A.run(with_flex=True, flex_dims=(128,), deadline=deadline - 40, flex_deadline=deadline - 60,
+                         hard_deadline=deadline - 10, log=log)
+            (out / "attention.json").write_text(json.dumps(rows, indent=1, default=str))
+            md = A.table_md(rows, show_first=False)
+            (out / "attention.md").write_text(md)
+            print(md)
+            return {"rows": len(rows)}
         save()
 
     log(f"done in {time.time() - T0:.0f} s")

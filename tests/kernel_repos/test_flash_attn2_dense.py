@@ -81,6 +81,45 @@ def test_triton_noncontiguous_inputs():
     _run_and_compare(1, 37, 29, 4, 2, 64, torch.float16, dict(causal=True), noncontig=True)
 
 
+# Inference calls with few query tokens (decode steps) take the split-K decode kernel.
+DECODE_CASES = {
+    "q1-gqa-causal": (3, 1, 70, 8, 2, 64, torch.float16, dict(causal=True)),
+    "q3-mqa-window-softcap": (2, 3, 45, 4, 1, 40, torch.float32, dict(causal=True, window_size=(9, -1), softcap=4.0)),
+    "q16-alibi-noncausal": (1, 16, 33, 2, 2, 96, torch.float16, dict(alibi=(2,))),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_inference_with_few_query_tokens_takes_the_decode_kernel(case, monkeypatch):
+    import importlib
+
+    autograd = importlib.import_module(fa.__name__ + "._autograd")
+    b, sq, sk, hq, hk, d, dtype, opts = DECODE_CASES[case]
+    opts = dict(opts)
+    alibi = opts.pop("alibi", None)
+    slopes = torch.rand(*alibi) if alibi is not None else None
+    q, k, v = (t.detach() for t in _inputs(b, sq, sk, hq, hk, d, dtype, noncontig=(sq == 3)))
+    calls = []
+    real = autograd._decode
+    monkeypatch.setattr(autograd, "_decode", lambda *a: calls.append(1) or real(*a))
+    with poisoned_allocations(), torch.no_grad():
+        out, lse, _ = fa.flash_attn_func(q, k, v, alibi_slopes=slopes, return_attn_probs=True, **opts)
+        plain = fa.flash_attn_func(q, k, v, alibi_slopes=slopes, **opts)
+    assert calls == [1, 1]
+    ref_out, ref_lse = reference(q.double(), k.double(), v.double(), alibi_slopes=slopes, **opts)
+    assert rel_err(out, ref_out) < TOL[dtype]
+    assert torch.equal(out, plain)
+    assert lse_err(lse, ref_lse) < LSE_TOL[dtype]
+
+
+def test_inference_without_lse_returns_the_same_output():
+    q, k, v = (t.detach() for t in _inputs(2, 40, 50, 4, 2, 64, torch.float16))
+    with torch.no_grad(), poisoned_allocations():
+        with_lse, lse, _ = fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+        without = fa.flash_attn_func(q, k, v, causal=True)
+    assert lse is not None and torch.equal(with_lse, without)
+
+
 @pytest.mark.parametrize("case", ["plain-d64", "causal-sq>sk-mqa-d80", "window-left-softcap-d128", "causal-alibi2d-softcap"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_torch_path_matches_reference(case, dtype, monkeypatch):

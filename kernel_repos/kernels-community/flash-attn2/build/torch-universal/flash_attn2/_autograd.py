@@ -83,6 +83,32 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
 
 
 _attention_forward = None
+_decode_attention = None
+
+# Dense inference calls with at most this many query tokens per row take the split-K decode
+# kernel: one program serves every query head of a KV head (GQA reads K/V once, not once per query
+# head) and long contexts are split over the SMs. The general forward would give each query head
+# its own 128-row tile with one real row: measured on the H200 at batch 8 x 2304 keys, 32/8
+# heads, d=64, its GPU time was 48 us a call (bench/results/host-overhead-2026-11-29.md).
+DECODE_MAX_QUERY = 16
+
+
+def _decode(q, k, v, alibi_slopes, opts):
+    global _decode_attention
+    if _decode_attention is None:
+        from ._triton_decode import decode_attention as _decode_attention
+
+    left, right = opts["window_size"]
+    if opts["causal"]:
+        right = 0
+    seqlen_k = k.shape[1]
+    return _decode_attention(
+        q, k, v, total_lens=None, total_len_uniform=seqlen_k, capacity=seqlen_k, block_table=None,
+        batch_idx=None, leftpad=None,
+        alibi_slopes=alibi_slopes.contiguous() if alibi_slopes is not None else None,
+        softmax_scale=opts["softmax_scale"],
+        window_left=left, window_right=right, softcap=opts["softcap"],
+    )
 
 
 class _TritonAttention(torch.autograd.Function):
@@ -158,6 +184,8 @@ def attention(
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # inference (decode steps above all) skips autograd.Function's bookkeeping: in eager
         # decoding the host's cost per call, not the GPU's, sets the pace
+        if not packed and dropout_p == 0.0 and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] <= k.shape[1]:
+            return _decode(q, k, v, alibi_slopes, opts)
         return _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts, need_lse)[3:]
     return _TritonAttention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts)
 
