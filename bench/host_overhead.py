@@ -91,8 +91,14 @@ def shipped_kernel():
         return get_bundled_kernel("kernels-community/flash-attn2")
 
 
-def phase(name: str):
+PHASES = ("checks", "layers", "short", "profile", "sweep", "e2e-profile", "e2e", "table")
+SKIP: set = set()
+
+
+def phase(key: str, name: str):
     def wrap(fn):
+        if key in SKIP:
+            return fn
         log(f"--- {name}")
         try:
             RESULT[name] = fn()
@@ -106,7 +112,11 @@ def phase(name: str):
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    skip = next((a.split("=", 1)[1].split(",") for a in sys.argv[2:] if a.startswith("--skip=")), [])
+    for a in sys.argv[2:]:
+        if a.startswith("--skip="):
+            SKIP.update(a.split("=", 1)[1].split(","))
+        if a.startswith("--only="):
+            SKIP.update(set(PHASES) - set(a.split("=", 1)[1].split(",")))
     import transformers
     import triton
 
@@ -124,8 +134,8 @@ def main() -> None:
     def save() -> None:
         (out / "host_overhead.json").write_text(json.dumps(RESULT, indent=1, default=str))
 
-    if "checks" not in skip:
-        @phase("1 checks (cached launches, check mode)")
+    if True:
+        @phase("checks", "1 checks (cached launches, check mode)")
         def _checks():
             import check_gpu
             import decode
@@ -158,7 +168,7 @@ def main() -> None:
         module = SimpleNamespace(is_causal=True, training=False, layer_idx=0, num_key_value_groups=hq // hk)
         return module, q, k, v
 
-    @phase("2 layer calls")
+    @phase("layers", "2 layer calls")
     def _layers():
         rows = []
         for batch, ctx, hq, hk, d in ((8, 2304, 32, 8, 64), (1, 32768, 32, 8, 128), (32, 4096, 32, 8, 128)):
@@ -175,11 +185,24 @@ def main() -> None:
                     row[f"ours_wrapper_{tag}_us"] = per_call_us(lambda: ours(module, q, k, v, None, scaling=d ** -0.5))
                     row[f"ours_func_{tag}_us"] = per_call_us(lambda: kernel.flash_attn_func(qf, kf, vf, causal=True))
                 set_fast(True)
-                # the wrapper's own routing of large K/V to flash_attn_with_kvcache, turned off
-                threshold = flash_mod.DECODE_MIN_KV_BYTES
-                flash_mod.DECODE_MIN_KV_BYTES = 1 << 62
-                row["ours_wrapper_no_kvcache_routing_us"] = per_call_us(lambda: ours(module, q, k, v, None, scaling=d ** -0.5))
-                flash_mod.DECODE_MIN_KV_BYTES = threshold
+                # the decode kernel with one split (one launch, no merge) vs the SM-filling default
+                import importlib
+
+                dec = importlib.import_module(kernel.__name__ + "._triton_decode")
+
+                def direct(splits):
+                    return dec.decode_attention(qf, kf, vf, total_lens=None, total_len_uniform=ctx, capacity=ctx,
+                                                block_table=None, batch_idx=None, leftpad=None, alibi_slopes=None,
+                                                softmax_scale=d ** -0.5, window_left=-1, window_right=0, softcap=0.0,
+                                                num_splits=splits)
+                for splits in (0, 1):
+                    row[f"decode_kernel_splits{splits}_us"] = per_call_us(lambda: direct(splits))
+                    g = torch.cuda.CUDAGraph()
+                    direct(splits)
+                    torch.cuda.synchronize()
+                    with torch.cuda.graph(g):
+                        direct(splits)
+                    row[f"decode_kernel_splits{splits}_graph_us"] = per_call_us(g.replay)
                 # GPU time alone: the same call replayed from a CUDA graph
                 try:
                     g = torch.cuda.CUDAGraph()
@@ -201,7 +224,7 @@ def main() -> None:
         return rows
     save()
 
-    @phase("3 short steps")
+    @phase("short", "3 short steps")
     def _short():
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -243,7 +266,7 @@ def main() -> None:
         return rows
     save()
 
-    @phase("4 profile")
+    @phase("profile", "4 profile")
     def _profile():
         fa = A.load_package()
         texts = {}
@@ -271,8 +294,8 @@ def main() -> None:
         return {"written": "profile.txt"}
     save()
 
-    if "sweep" not in skip:
-        @phase("4b prefill-shape forward: configs and SDPA")
+    if True:
+        @phase("sweep", "4b prefill-shape forward: configs and SDPA")
         def _sweep():
             import importlib
 
@@ -321,9 +344,10 @@ def main() -> None:
             return rows
         save()
 
-    if "e2e" not in skip:
-        @phase("5 end to end")
-        def _e2e():
+    model_cache: dict = {}
+
+    def big_model():
+        if "model" not in model_cache:
             import e2e_transformers as e
 
             import kernel_loader.integrations.transformers as klt
@@ -335,38 +359,98 @@ def main() -> None:
                 model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                                                       dtype=torch.bfloat16).eval()
             ids = torch.randint(3, config.vocab_size, (8, 2048), device="cuda")
-            mask = torch.ones_like(ids)
+            model_cache.update(model=model, ids=ids, mask=torch.ones_like(ids), kernel_id=e.KERNEL, e=e)
+        return model_cache
 
-            def generate(n):
-                return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                      do_sample=False, pad_token_id=0)
+    @phase("e2e-profile", "5a end to end, where the GPU and host time go (torch.profiler)")
+    def _e2e_profile():
+        from torch.profiler import ProfilerActivity, profile
 
-            def prefill():
-                return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        m = big_model()
+        model, ids, mask = m["model"], m["ids"], m["mask"]
+        texts, rows = [], []
+        with torch.no_grad():
+            for impl in ("sdpa", m["kernel_id"]):
+                model.set_attn_implementation(impl)
+                for _ in range(2):
+                    res = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    res = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                    torch.cuda.synchronize()
+                table = prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60)
+                texts.append(f"## prefill 8x2048, {impl}\n{table}")
+                cache = res.past_key_values
+                step_mask = mask
+                nxt = res.logits[:, -1:].argmax(-1)
+                for _ in range(3):  # warm the decode shapes
+                    step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
+                    o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
+                    nxt = o.logits[:, -1:].argmax(-1)
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(8):
+                        step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
+                        o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
+                        nxt = o.logits[:, -1:].argmax(-1)
+                    torch.cuda.synchronize()
+                table = prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60)
+                texts.append(f"## 8 decode steps, {impl}\n{table}")
+                # the same 8 steps without the profiler: host-bound or GPU-bound?
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(8):
+                    step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
+                    o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
+                    nxt = o.logits[:, -1:].argmax(-1)
+                issue = (time.perf_counter() - t) / 8 * 1e3
+                torch.cuda.synchronize()
+                total = (time.perf_counter() - t) / 8 * 1e3
+                rows.append({"impl": impl, "decode_step_host_issue_ms": issue, "decode_step_total_ms": total})
+                log(json.dumps(rows[-1]))
+                del cache, res, o
+        (out / "e2e_profile.txt").write_text("\n\n".join(texts))
+        return {"rows": rows, "written": "e2e_profile.txt"}
+    save()
 
-            rows = []
-            with torch.no_grad():
-                for impl, fast in (("sdpa", True), (e.KERNEL, True), ("sdpa", True), (e.KERNEL, True),
-                                   ("sdpa", True), (e.KERNEL, True), (e.KERNEL, False)):
+    @phase("e2e", "5 end to end")
+    def _e2e():
+        m = big_model()
+        model, ids, mask, e = m["model"], m["ids"], m["mask"], m["e"]
+
+        def generate(n):
+            return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                  do_sample=False, pad_token_id=0)
+
+        def prefill():
+            return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
+        rows = []
+        with torch.no_grad():
+            for rep in range(4):
+                for impl in ("sdpa", m["kernel_id"]):
                     model.set_attn_implementation(impl)
-                    set_fast(fast)
-                    generate(8)
-                    for _ in range(3):
+                    generate(4)
+                    for _ in range(2):
                         prefill()
                     pre = sorted(e._timed(prefill, "cuda") for _ in range(5))[2]
                     one = e._timed(lambda: generate(1), "cuda")
-                    full = e._timed(lambda: generate(128), "cuda")
-                    row = {"impl": impl, "cached_launch": fast, "prefill_ms": pre * 1e3,
-                           "decode_ms_per_step": (full - one) / 127 * 1e3}
+                    full = e._timed(lambda: generate(65), "cuda")
+                    row = {"rep": rep, "impl": impl, "prefill_ms": pre * 1e3, "decode_ms_per_step": (full - one) / 64 * 1e3}
                     rows.append(row)
                     log(json.dumps(row))
-            set_fast(True)
-            params = sum(p.numel() for p in model.parameters())
-            return {"params": params, "rows": rows}
-        save()
+        summary = {}
+        for impl in ("sdpa", m["kernel_id"]):
+            mine = [r for r in rows if r["impl"] == impl and r["rep"] > 0]  # rep 0 warms each path
+            summary[impl] = {k: sorted(r[k] for r in mine)[len(mine) // 2] for k in ("prefill_ms", "decode_ms_per_step")}
+        params = sum(p.numel() for p in model.parameters())
+        log(json.dumps(summary))
+        return {"params": params, "rows": rows, "median_of_reps_1_3": summary}
+    save()
 
-    if "table" not in skip:
-        @phase("6 attention table")
+    if True:
+        @phase("table", "6 attention table")
         def _table():
             budget = next((float(a.split("=")[1]) for a in sys.argv[2:] if a.startswith("--table-until=")), 520.0)
             deadline = T0 + budget

@@ -185,30 +185,6 @@ def _is_packed(position_ids: torch.Tensor | None, batch: int, q_len: int) -> boo
     return _has_restarts(position_ids)
 
 
-# Decode steps (up to this many query tokens per row) over a large K/V go to the kernel's
-# flash_attn_with_kvcache, whose split-K kernel reads K/V once per kv head and spreads long
-# contexts over the whole GPU; the general forward reads K/V once per *query* head with one
-# program each. Over a small K/V the GPU time is negligible and the split path's extra launch and
-# checks cost more host time than they save. Measured on the H200 (bench/decode_routing.py,
-# bench/results/decode-routing-2026-11-29.md), µs per layer call, split-K vs forward: batch 8 ×
-# 2.3k keys × 8 kv heads × d64 (38 MB of K/V): 270 vs 144; batch 1 × 32k × d128 (134 MB): 216 vs
-# 527; batch 32 × 4k × d128 (537 MB): 222 vs 552. The threshold sits between the first two.
-DECODE_MAX_QUERY = 16
-DECODE_MIN_KV_BYTES = 64 << 20
-
-
-def _use_decode_kernel(
-    fk: FlashKernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int,
-    dropout: float, s_aux: torch.Tensor | None,
-) -> bool:
-    if fk.kvcache is None or q_len > DECODE_MAX_QUERY or dropout or s_aux is not None:
-        return False
-    if 2 * k.numel() * k.element_size() < DECODE_MIN_KV_BYTES:
-        return False
-    # flash_attn_with_kvcache has no backward: training steps keep the differentiable path
-    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-
-
 # ------------------------------------------------------------------------------------------
 # options
 # ------------------------------------------------------------------------------------------
@@ -425,8 +401,6 @@ def flash_attention_forward(
         cu = cu.to(q.device)
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
         out = varlen(*flat, cu, cu, max_len, max_len).view(batch, q_len, *q.shape[2:])
-    elif _use_decode_kernel(fk, q, k, v, q_len, dropout, s_aux):
-        out = _first(fk.kvcache(q, k, v, **opts(fk.kvcache_params, k.shape[1])))
     elif fk.func is not None:
         out = _first(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
     else:
