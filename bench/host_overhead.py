@@ -91,7 +91,7 @@ def shipped_kernel():
         return get_bundled_kernel("kernels-community/flash-attn2")
 
 
-PHASES = ("checks", "layers", "short", "profile", "sweep", "e2e-profile", "e2e", "table")
+PHASES = ("checks", "layers", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "table")
 SKIP: set = set()
 
 
@@ -312,8 +312,8 @@ def main() -> None:
             shipped = configs.pick("fwd", (9, 0), 64)
             ref = fwd.attention_forward(q, k, v, causal=True, config=shipped, store_lse=False)[0].float()
             rows = []
-            for cfg in [shipped, (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3),
-                        (64, 64, 4, 4), (128, 32, 4, 4), (64, 128, 4, 3), (256, 64, 8, 3)]:
+            for cfg in [shipped, (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 4), (128, 32, 8, 3),
+                        (128, 32, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4), (128, 128, 16, 3), (256, 64, 16, 3)]:
                 try:
                     out = fwd.attention_forward(q, k, v, causal=True, config=cfg, store_lse=False)[0].float()
                     err = ((out - ref).norm() / ref.norm()).item()
@@ -412,6 +412,115 @@ def main() -> None:
                 del cache, res, o
         (out / "e2e_profile.txt").write_text("\n\n".join(texts))
         return {"rows": rows, "written": "e2e_profile.txt"}
+    save()
+
+    @phase("e2e-host", "5b end to end: host time per decode step, by function (cProfile) and in situ")
+    def _e2e_host():
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        import transformers.models.llama.modeling_llama as llama
+
+        m = big_model()
+        model, ids, mask = m["model"], m["ids"], m["mask"]
+        spent: dict = {}
+
+        calls: dict = {}
+
+        def timed(name, fn):
+            def wrapper(*args, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    dt = time.perf_counter() - t
+                    spent[name] = spent.get(name, 0.0) + dt
+                    calls.setdefault(name, []).append(dt)
+            return wrapper
+
+        import gc
+
+        gc_time = [0.0, 0, None]
+
+        def gc_cb(phase_name, info):
+            if phase_name == "start":
+                gc_time[2] = time.perf_counter()
+            elif gc_time[2] is not None:
+                gc_time[0] += time.perf_counter() - gc_time[2]
+                gc_time[1] += 1
+        gc.callbacks.append(gc_cb)
+
+        real_mask = llama.create_causal_mask
+        llama.create_causal_mask = timed("create_causal_mask", real_mask)
+        originals = {}
+        for impl in ("sdpa", m["kernel_id"]):
+            model.set_attn_implementation(impl)  # registers the kernel id in transformers
+            originals[impl] = ALL_ATTENTION_FUNCTIONS[impl]
+            ALL_ATTENTION_FUNCTIONS[impl] = timed("attention", originals[impl])
+        texts, rows = [], []
+        try:
+            with torch.no_grad():
+                for rep in range(2):
+                    for impl in ("sdpa", m["kernel_id"]):
+                        model.set_attn_implementation(impl)
+                        current = ALL_ATTENTION_FUNCTIONS[impl]
+                        if getattr(current, "__name__", "") != "wrapper":  # re-registered: wrap again
+                            originals.setdefault(impl, current)
+                            ALL_ATTENTION_FUNCTIONS[impl] = timed("attention", current)
+                        res = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+                        cache, step_mask, nxt = res.past_key_values, mask, res.logits[:, -1:].argmax(-1)
+
+                        def step():
+                            nonlocal step_mask, nxt
+                            step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
+                            o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
+                            nxt = o.logits[:, -1:].argmax(-1)
+
+                        for _ in range(4):
+                            step()
+                        for gc_off in (False, True):
+                            torch.cuda.synchronize()
+                            spent.clear()
+                            calls.clear()
+                            gc_time[:2] = [0.0, 0]
+                            if gc_off:
+                                gc.disable()
+                            steps = []
+                            t = time.perf_counter()
+                            for _ in range(24):
+                                t1 = time.perf_counter()
+                                step()
+                                steps.append(time.perf_counter() - t1)
+                            torch.cuda.synchronize()
+                            total = (time.perf_counter() - t) / 24 * 1e3
+                            gc.enable()
+                            att = sorted(calls.get("attention", [0.0]))
+                            row = {"rep": rep, "impl": impl, "gc_disabled": gc_off, "step_ms": total,
+                                   "step_ms_min_med_max": [round(min(steps) * 1e3, 2), round(sorted(steps)[12] * 1e3, 2),
+                                                           round(max(steps) * 1e3, 2)],
+                                   "attention_call_us_min_med_max": [round(att[0] * 1e6, 1), round(att[len(att) // 2] * 1e6, 1),
+                                                                     round(att[-1] * 1e6, 1)],
+                                   "gc_ms_per_step": gc_time[0] / 24 * 1e3, "gc_collections": gc_time[1],
+                                   **{f"{k}_ms_per_step": v / 24 * 1e3 for k, v in spent.items()}}
+                            rows.append(row)
+                            log(json.dumps(row))
+                        if rep == 1:
+                            prof = cProfile.Profile()
+                            prof.enable()
+                            for _ in range(8):
+                                step()
+                            prof.disable()
+                            torch.cuda.synchronize()
+                            buf = io.StringIO()
+                            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(35)
+                            texts.append(f"## 8 decode steps, {impl}, by own time\n{buf.getvalue()}")
+                        del cache, res
+        finally:
+            gc.callbacks.remove(gc_cb)
+            llama.create_causal_mask = real_mask
+            for impl, fn in originals.items():
+                ALL_ATTENTION_FUNCTIONS[impl] = fn
+        (out / "e2e_host_profile.txt").write_text("\n\n".join(texts))
+        return {"rows": rows, "written": "e2e_host_profile.txt"}
     save()
 
     @phase("e2e", "5 end to end")

@@ -272,6 +272,27 @@ def _first(out: Any) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------
 
 
+def _call_options(
+    fk: FlashKernel, params: frozenset[str], kv_len: int, causal: bool, dropout: float, scaling: float | None,
+    sliding_window: int | None, softcap: float | None, s_aux: torch.Tensor | None, deterministic: bool | None,
+) -> dict[str, Any]:
+    if s_aux is None:  # the common case, answered from the cache (never mutated: unpacked)
+        window = sliding_window if sliding_window is not None and kv_len > sliding_window else None
+        return _static_options(params, fk.name, causal, dropout, scaling, window, softcap, deterministic)
+    return _options(params, fk.name, causal=causal, kv_length=kv_len, dropout=dropout, scaling=scaling,
+                    sliding_window=sliding_window, softcap=softcap, s_aux=s_aux, deterministic=deterministic)
+
+
+def _varlen(
+    fk: FlashKernel, qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cu_q: Any, cu_k: Any, mq: int, mk: int,
+    opts: Callable[[frozenset[str], int], dict[str, Any]],
+) -> torch.Tensor:
+    return _first(
+        fk.varlen(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(mq), max_seqlen_k=int(mk),
+                  **opts(fk.varlen_params, int(mk)))
+    )
+
+
 def flash_attention_forward(
     module: Any,
     query: torch.Tensor,
@@ -349,37 +370,13 @@ def flash_attention_forward(
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
 
     def opts(params: frozenset[str], kv_len: int) -> dict[str, Any]:
-        if s_aux is None:  # the common case, answered from the cache (never mutated: unpacked)
-            window = sliding_window if sliding_window is not None and kv_len > sliding_window else None
-            return _static_options(params, fk.name, causal, dropout, scaling, window, softcap, deterministic)
-        return _options(
-            params,
-            fk.name,
-            causal=causal,
-            kv_length=kv_len,
-            dropout=dropout,
-            scaling=scaling,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            s_aux=s_aux,
-            deterministic=deterministic,
-        )
+        return _call_options(fk, params, kv_len, causal, dropout, scaling, sliding_window, softcap, s_aux,
+                             deterministic)
 
-    def varlen(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cu_q: Any, cu_k: Any, mq: int, mk: int) -> torch.Tensor:
-        return _first(
-            fk.varlen(
-                qp,
-                kp,
-                vp,
-                cu_seqlens_q=cu_q,
-                cu_seqlens_k=cu_k,
-                max_seqlen_q=int(mq),
-                max_seqlen_k=int(mk),
-                **opts(fk.varlen_params, int(mk)),
-            )
-        )
-
-    if attention_mask is not None and not (attention_mask.shape[-1] == k.shape[1] and _all_true(attention_mask)):
+    if attention_mask is None and cu_seq_lens_q is None and (position_ids is None or q_len == 1) and fk.func is not None:
+        # the common case first (every decode step): one dense call, nothing else to decide
+        out = _first(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
+    elif attention_mask is not None and not (attention_mask.shape[-1] == k.shape[1] and _all_true(attention_mask)):
         mask = attention_mask.to(torch.bool)
         if k.shape[1] > mask.shape[-1]:  # static cache: keys beyond the mask are unused slots
             k, v = k[:, : mask.shape[-1]], v[:, : mask.shape[-1]]
@@ -389,18 +386,18 @@ def flash_attention_forward(
             qp, idx_q, cu_q, max_q = unpad_input(q, mask)
         else:
             qp, idx_q, cu_q, max_q = unpad_input(q, mask[:, -q_len:])
-        out = varlen(qp, kp, vp, cu_q, cu_k, max_q, max_k)
+        out = _varlen(fk, qp, kp, vp, cu_q, cu_k, max_q, max_k, opts)
         out = pad_input(out, idx_q, batch, q_len)
     elif (cu_seq_lens_q is not None and cu_seq_lens_k is not None and max_length_q is not None
           and max_length_k is not None):
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
-        out = varlen(*flat, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
+        out = _varlen(fk, *flat, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, opts)
         out = out.view(batch, -1, *out.shape[1:])
     elif _is_packed(position_ids, batch, q_len) and q_len == k.shape[1]:
         cu, max_len = cu_seqlens_from_position_ids(position_ids.expand(batch, -1))
         cu = cu.to(q.device)
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
-        out = varlen(*flat, cu, cu, max_len, max_len).view(batch, q_len, *q.shape[2:])
+        out = _varlen(fk, *flat, cu, cu, max_len, max_len, opts).view(batch, q_len, *q.shape[2:])
     elif fk.func is not None:
         out = _first(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
     else:
@@ -408,7 +405,7 @@ def flash_attention_forward(
         cu_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=q.device)
         cu_k = torch.arange(0, (batch + 1) * kv_len, kv_len, dtype=torch.int32, device=q.device)
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
-        out = varlen(*flat, cu_q, cu_k, q_len, kv_len).view(batch, q_len, *q.shape[2:])
+        out = _varlen(fk, *flat, cu_q, cu_k, q_len, kv_len, opts).view(batch, q_len, *q.shape[2:])
 
     if v_head_dim != head_dim:
         out = out[..., :v_head_dim]

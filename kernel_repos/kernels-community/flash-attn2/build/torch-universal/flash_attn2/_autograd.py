@@ -93,21 +93,18 @@ _decode_attention = None
 DECODE_MAX_QUERY = 16
 
 
-def _decode(q, k, v, alibi_slopes, opts):
+def _decode(q, k, v, alibi_slopes, softmax_scale, causal, window_size, softcap):
     global _decode_attention
     if _decode_attention is None:
         from ._triton_decode import decode_attention as _decode_attention
 
-    left, right = opts["window_size"]
-    if opts["causal"]:
-        right = 0
     seqlen_k = k.shape[1]
     return _decode_attention(
         q, k, v, total_lens=None, total_len_uniform=seqlen_k, capacity=seqlen_k, block_table=None,
         batch_idx=None, leftpad=None,
         alibi_slopes=alibi_slopes.contiguous() if alibi_slopes is not None else None,
-        softmax_scale=opts["softmax_scale"],
-        window_left=left, window_right=right, softcap=opts["softcap"],
+        softmax_scale=softmax_scale, window_left=window_size[0], window_right=0 if causal else window_size[1],
+        softcap=softcap,
     )
 
 
@@ -176,16 +173,17 @@ def attention(
     if packed:
         max_seqlen_q = int(max_seqlen_q) if max_seqlen_q is not None else int(cu_seqlens_q.diff().max())
         max_seqlen_k = int(max_seqlen_k) if max_seqlen_k is not None else int(cu_seqlens_k.diff().max())
+    inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    if inference and not packed and dropout_p == 0.0 and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] <= k.shape[1]:
+        return _decode(q, k, v, alibi_slopes, float(softmax_scale), bool(causal), window_size, float(softcap))
     opts = dict(
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=float(softmax_scale),
         causal=bool(causal), window_size=window_size, softcap=float(softcap),
         dropout_p=float(dropout_p), seed=seed,
     )
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        # inference (decode steps above all) skips autograd.Function's bookkeeping: in eager
-        # decoding the host's cost per call, not the GPU's, sets the pace
-        if not packed and dropout_p == 0.0 and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] <= k.shape[1]:
-            return _decode(q, k, v, alibi_slopes, opts)
+    if inference:
+        # inference skips autograd.Function's bookkeeping: in eager decoding the host's cost per
+        # call, not the GPU's, sets the pace
         return _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts, need_lse)[3:]
     return _TritonAttention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts)
 

@@ -102,7 +102,8 @@ class Launcher:
         self._fast = os.environ.get("TRITON_INTERPRET", "0") != "1" and \
             os.environ.get("FLASH_ATTN2_FAST_LAUNCH", "1") != "0"
         self._check = os.environ.get("FLASH_ATTN2_LAUNCH_CHECK", "0") == "1"
-        self._stream: Callable[[], int] | None = None
+        self._get_device: Callable[[], int] | None = None
+        self._get_stream: Callable[[int], int] | None = None
 
     def _learn_positions(self, args: tuple) -> None:
         types = tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
@@ -134,14 +135,13 @@ class Launcher:
     def __call__(self, grid: Tuple[int, int, int], args: tuple, constexprs: tuple,
                  num_warps: int, num_stages: int) -> None:
         if self._fast and self._ptrs is not None:
-            key = self._key(args, constexprs, num_warps, num_stages)
-            entry = self._cache.get(key)
+            entry = self._cache.get(self._key(args, constexprs, num_warps, num_stages))
             if entry is not None and not _hooks_active():
                 run, function, metadata, compiled = entry
                 if self._check:
                     self._verify(grid, args, constexprs, num_warps, num_stages, compiled)
-                run(grid[0], grid[1], grid[2], self._stream(), function, metadata, None, None, None,
-                    *args, *constexprs)
+                run(grid[0], grid[1], grid[2], self._get_stream(self._get_device()), function, metadata,
+                    None, None, None, *args, *constexprs)
                 return
         if len(constexprs) != len(self._constexpr_names):
             raise ValueError(f"{self._constexpr_names}: got {len(constexprs)} constexpr values")
@@ -158,9 +158,8 @@ class Launcher:
             self._learn_positions(args)
             from triton.runtime.driver import driver
 
-            device = driver.active.get_current_device
-            stream = driver.active.get_current_stream
-            self._stream = lambda: stream(device())
+            self._get_device = driver.active.get_current_device
+            self._get_stream = driver.active.get_current_stream
         elif self._check:
             self._check_types(args)
         self._cache[self._key(args, constexprs, num_warps, num_stages)] = entry

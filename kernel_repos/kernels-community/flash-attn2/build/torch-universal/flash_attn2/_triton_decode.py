@@ -213,6 +213,9 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
+SHORT_CONTEXT = 4096
+
+
 def choose_num_splits(programs: int, capacity: int, device: torch.device,
                       block_n: int) -> int:
     """How many key slices per row: enough programs for a few per SM, never slices under ~2 blocks.
@@ -220,8 +223,15 @@ def choose_num_splits(programs: int, capacity: int, device: torch.device,
     Chosen from the cache capacity rather than the actual lengths, so no host sync is needed;
     slices past a row's length end at once.
     """
-    target = 3 * _num_sms(device)
+    sms = _num_sms(device)
+    target = 3 * sms
     if programs >= target:
+        return 1
+    if device.type == "cuda" and capacity <= SHORT_CONTEXT and 3 * programs >= sms:
+        # Short contexts over a third of the SMs or more: one split. More would save a few us of
+        # GPU time but cost a second launch and the partial buffers on the host, which paces eager
+        # decoding. H200, batch 8 x 2304 keys x 8 kv heads, d=64: 23 vs 17 us of GPU time, 34 vs
+        # 55 us per call (bench/results/host-overhead-2026-11-29-call3.json).
         return 1
     by_fill = math.ceil(target / max(programs, 1))
     by_length = max(1, capacity // (2 * block_n))
@@ -238,7 +248,16 @@ def _config(head_dim: int, device: torch.device) -> tuple[int, int, int]:
     """
     if device.type != "cuda":
         return 16, 1, 1
-    big_smem = _capability(device) in ((8, 0), (9, 0))
+    key = (head_dim, device)
+    if key not in _CONFIGS:  # looked up on every decode step: computed once per device
+        _CONFIGS[key] = _config_for(head_dim, _capability(device) in ((8, 0), (9, 0)))
+    return _CONFIGS[key]
+
+
+_CONFIGS: dict = {}
+
+
+def _config_for(head_dim: int, big_smem: bool) -> tuple[int, int, int]:
     if head_dim <= 64:
         return 128, 4, 4 if big_smem else 2
     if head_dim <= 128:
@@ -283,7 +302,7 @@ def decode_attention(
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     device = q.device
-    out = _alloc(tuple(q.shape), q.dtype, device)
+    out = _alloc(q.shape, q.dtype, device)
     lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device)
     if batch == 0 or seqlen_q == 0:
         return out, lse
@@ -300,8 +319,9 @@ def decode_attention(
     final = splits == 1
     if final:
         o_target, l_target = out, lse
-        o_strides = (0, out.stride(0), out.stride(2), out.stride(1), out.stride(3))
-        l_strides = (0, lse.stride(0), lse.stride(1), lse.stride(2))
+        so = out.stride()
+        o_strides = (0, so[0], so[2], so[1], so[3])
+        l_strides = (0,) + lse.stride()
     else:
         o_target = _alloc((splits, batch, num_heads, seqlen_q, head_dim), torch.float32, device)
         l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
