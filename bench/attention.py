@@ -75,7 +75,14 @@ def providers(causal: bool, with_flex: bool, names=None) -> Dict[str, Callable]:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         out[f"sdpa-{name}"] = run
     if with_flex:
+        import torch._dynamo
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        # one compiled graph per shape and grad mode: the default limit (8) is hit within the table,
+        # after which torch falls back to an unfused flex_attention that is ~30x slower
+        for knob in ("cache_size_limit", "recompile_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 64)
 
         compiled = torch.compile(flex_attention, dynamic=False)
         masks: Dict[tuple, object] = {}

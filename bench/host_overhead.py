@@ -91,7 +91,7 @@ def shipped_kernel():
         return get_bundled_kernel("kernels-community/flash-attn2")
 
 
-PHASES = ("checks", "layers", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "table")
+PHASES = ("checks", "layers", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "decode", "table")
 SKIP: set = set()
 
 
@@ -556,6 +556,13 @@ def main() -> None:
         params = sum(p.numel() for p in model.parameters())
         log(json.dumps(summary))
         return {"params": params, "rows": rows, "median_of_reps_1_3": summary}
+    save()
+
+    @phase("decode", "5c decode benchmark (bench/decode.py)")
+    def _decode_bench():
+        import decode
+
+        return {"rows": decode.run(out)}
     save()
 
     if True:
