@@ -141,3 +141,28 @@ def test_constexpr_parameters_must_come_last_and_be_complete():
         launch.Launcher(Bad())
     with pytest.raises(ValueError, match="constexpr values"):
         launch.Launcher(_FakeJit())((1, 1, 1), (torch.zeros(4), 3, 1.0), (), 4, 2)
+
+
+class _FakeJitOptional(_FakeJit):
+    """A kernel with an optional pointer Y: None compiles as a constant, a tensor as a pointer."""
+
+    arg_names = ["X", "Y", "n", "scale", "BLOCK"]
+    constexprs = [4]
+
+    def _pick(self, args, kwargs):
+        x, y, n, _scale = args
+        key = (x.data_ptr() % 16 == 0, y is None, n % 16 == 0, n == 1, kwargs["BLOCK"], kwargs["num_warps"])
+        return self.compiled.setdefault(key, _Compiled(key))
+
+
+def test_an_absent_pointer_is_part_of_the_key(fake_driver):
+    jit = _FakeJitOptional()
+    launcher = _launcher(jit)
+    x, y = torch.zeros(64), torch.zeros(8)
+    launcher((1, 1, 1), (x, None, 32, 1.0), (16,), 4, 2)
+    launcher((1, 1, 1), (x, None, 48, 1.0), (16,), 4, 2)
+    assert jit.slow_calls == 1
+    launcher((1, 1, 1), (x, y, 32, 1.0), (16,), 4, 2)
+    assert jit.slow_calls == 2
+    launcher((1, 1, 1), (x, y, 64, 1.0), (16,), 4, 2)
+    assert jit.slow_calls == 2 and launcher.cached == 2

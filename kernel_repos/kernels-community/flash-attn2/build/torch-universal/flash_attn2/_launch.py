@@ -13,7 +13,8 @@ kernel compiled under other assumptions. ``FLASH_ATTN2_LAUNCH_CHECK=1`` also ask
 own choice on every call and raises if the two ever differ (the GPU check script runs that way).
 
 Calling convention (all our kernels follow it): runtime arguments first, in kernel order, with
-each position always of one type (tensor, int or float); then every ``tl.constexpr`` parameter.
+each position always of one kind (pointer: a tensor or None; int; float); then every
+``tl.constexpr`` parameter. A None pointer is part of the key (Triton compiles it as a constant).
 Under ``TRITON_INTERPRET=1``, with launch hooks installed (profilers), or on a Triton whose
 compiled kernels lack the expected attributes, every call takes Triton's own path.
 """
@@ -41,6 +42,12 @@ def int_spec(i: int) -> int:
 def tensor_spec(t: torch.Tensor) -> Tuple[torch.dtype, bool]:
     """A pointer argument's dtype and whether it is 16-byte aligned."""
     return t.dtype, t.data_ptr() & 15 == 0
+
+
+def _slot_types(args: tuple) -> Tuple[type, ...]:
+    # a pointer slot holds a tensor or None (an absent optional pointer, a Triton constant)
+    return tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
+                 for a in args)
 
 
 def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
@@ -106,8 +113,7 @@ class Launcher:
         self._get_stream: Callable[[int], int] | None = None
 
     def _learn_positions(self, args: tuple) -> None:
-        types = tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
-                      for a in args)
+        types = _slot_types(args)
         self._types = types
         self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
         self._ints = _getter([i for i, t in enumerate(types) if t is int])
@@ -128,7 +134,7 @@ class Launcher:
             constexprs,
             num_warps,
             num_stages,
-            tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in self._ptrs(args)]),
+            tuple([(t.dtype, t.data_ptr() & 15 == 0) if t is not None else None for t in self._ptrs(args)]),
             int_key,
         )
 
@@ -165,8 +171,7 @@ class Launcher:
         self._cache[self._key(args, constexprs, num_warps, num_stages)] = entry
 
     def _check_types(self, args: tuple) -> None:
-        types = tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
-                      for a in args)
+        types = _slot_types(args)
         if types != self._types:
             raise RuntimeError(f"Launcher: argument types changed between calls: {self._types} -> {types}")
 

@@ -509,11 +509,11 @@ def attention_backward(
     block_d = next_pow2_dim(head_dim)
     cap = device_capability(q)
     shipped = _configs.pick("bwd", cap, block_d)
-    dummy = lse
-    cuq = cu_seqlens_q if varlen else dummy
-    cuk = cu_seqlens_k if varlen else dummy
-    used = seqused_k if seqused_k is not None else dummy
-    alibi = alibi_slopes if alibi_slopes is not None else dummy
+    # absent optional pointers: None, a compile-time constant the launch does not validate
+    cuq = cu_seqlens_q if varlen else None
+    cuk = cu_seqlens_k if varlen else None
+    used = seqused_k
+    alibi = alibi_slopes
     softmax_scale = float(softmax_scale)
     scalars = (softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
                softcap, softmax_scale, left, right, float(dropout_p), int(seed),

@@ -328,20 +328,14 @@ def decode_attention(
         o_strides = o_target.stride()
         l_strides = l_target.stride()
 
-    # Unused pointer arguments still need a tensor; q is always there.
-    dummy = q
     alibi_stride = 0
     if alibi_slopes is not None and alibi_slopes.dim() == 2:
         alibi_stride = alibi_slopes.stride(0)
     _SPLIT(
         (splits, m_blocks, batch * num_kv_heads),
         (
-            q, k_cache, v_cache,
-            block_table if block_table is not None else dummy,
-            total_lens if total_lens is not None else dummy,
-            batch_idx if batch_idx is not None else dummy,
-            leftpad if leftpad is not None else dummy,
-            alibi_slopes if alibi_slopes is not None else dummy,
+            # absent optional pointers stay None: compile-time constants the launch skips
+            q, k_cache, v_cache, block_table, total_lens, batch_idx, leftpad, alibi_slopes,
             o_target, l_target,
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
             block_table.stride(0) if block_table is not None else 0,
