@@ -166,3 +166,21 @@ def test_an_absent_pointer_is_part_of_the_key(fake_driver):
     assert jit.slow_calls == 2
     launcher((1, 1, 1), (x, y, 64, 1.0), (16,), 4, 2)
     assert jit.slow_calls == 2 and launcher.cached == 2
+
+
+def test_each_device_gets_its_own_cached_kernel(monkeypatch):
+    """A compiled kernel's function handle belongs to one GPU: another current device goes back
+    to Triton, which loads the kernel there."""
+    driver_module = sys.modules["triton.runtime.driver"]
+    current = {"device": 0}
+    active = SimpleNamespace(get_current_device=lambda: current["device"], get_current_stream=lambda device: 7)
+    monkeypatch.setattr(driver_module, "driver", SimpleNamespace(active=active))
+    jit = _FakeJit()
+    launcher = _launcher(jit)
+    x = torch.zeros(64)
+    launcher((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
+    launcher((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
+    assert jit.slow_calls == 1
+    current["device"] = 1
+    launcher((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
+    assert jit.slow_calls == 2 and launcher.cached == 2

@@ -39,11 +39,6 @@ def int_spec(i: int) -> int:
     return width | (i & 15 == 0)
 
 
-def tensor_spec(t: torch.Tensor) -> Tuple[torch.dtype, bool]:
-    """A pointer argument's dtype and whether it is 16-byte aligned."""
-    return t.dtype, t.data_ptr() & 15 == 0
-
-
 def _slot_types(args: tuple) -> Tuple[type, ...]:
     # a pointer slot holds a tensor or None (an absent optional pointer, a Triton constant)
     return tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
@@ -118,7 +113,7 @@ class Launcher:
         self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
         self._ints = _getter([i for i, t in enumerate(types) if t is int])
 
-    def _key(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
+    def _key(self, device: int, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
         # Runs on every launch: plain list comprehensions (measured faster than map() over slot
         # wrappers) and C-level min/max/contains for the rare cases.
         ints = self._ints(args)
@@ -131,6 +126,7 @@ class Launcher:
             # never covers two of its kernels
             int_key = tuple([i & 15 for i in ints])
         return (
+            device,  # a compiled kernel's function handle belongs to one device
             constexprs,
             num_warps,
             num_stages,
@@ -141,12 +137,13 @@ class Launcher:
     def __call__(self, grid: Tuple[int, int, int], args: tuple, constexprs: tuple,
                  num_warps: int, num_stages: int) -> None:
         if self._fast and self._ptrs is not None:
-            entry = self._cache.get(self._key(args, constexprs, num_warps, num_stages))
+            device = self._get_device()
+            entry = self._cache.get(self._key(device, args, constexprs, num_warps, num_stages))
             if entry is not None and not _hooks_active():
                 run, function, metadata, compiled = entry
                 if self._check:
                     self._verify(grid, args, constexprs, num_warps, num_stages, compiled)
-                run(grid[0], grid[1], grid[2], self._get_stream(self._get_device()), function, metadata,
+                run(grid[0], grid[1], grid[2], self._get_stream(device), function, metadata,
                     None, None, None, *args, *constexprs)
                 return
         if len(constexprs) != len(self._constexpr_names):
@@ -168,7 +165,7 @@ class Launcher:
             self._get_stream = driver.active.get_current_stream
         elif self._check:
             self._check_types(args)
-        self._cache[self._key(args, constexprs, num_warps, num_stages)] = entry
+        self._cache[self._key(self._get_device(), args, constexprs, num_warps, num_stages)] = entry
 
     def _check_types(self, args: tuple) -> None:
         types = _slot_types(args)
@@ -182,7 +179,7 @@ class Launcher:
         if theirs is not compiled:
             raise RuntimeError(
                 f"Launcher cache picked another compiled kernel than Triton for {self._fn}: key "
-                f"{self._key(args, constexprs, num_warps, num_stages)}"
+                f"{self._key(self._get_device(), args, constexprs, num_warps, num_stages)}"
             )
 
     @property
