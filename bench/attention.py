@@ -14,7 +14,6 @@ difference between our output and SDPA flash's.
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 import time
 from pathlib import Path
@@ -62,6 +61,19 @@ def _sdpa_backend(name: str):
             "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
 
 
+def raise_recompile_limit(limit: int) -> None:
+    """Let dynamo keep ``limit`` compiled graphs per function.
+
+    Flex compiles one graph per shape and grad mode. The default limit (8) is hit within the
+    table, after which torch silently runs an unfused flex_attention about 30x slower.
+    """
+    import torch._dynamo
+
+    for knob in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, limit)
+
+
 def providers(causal: bool, with_flex: bool, names=None) -> Dict[str, Callable]:
     """name -> fn(q, k, v) on that provider's layout; q/k/v built by ``inputs_for``."""
     fa = load_package()
@@ -75,14 +87,9 @@ def providers(causal: bool, with_flex: bool, names=None) -> Dict[str, Callable]:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         out[f"sdpa-{name}"] = run
     if with_flex:
-        import torch._dynamo
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        # one compiled graph per shape and grad mode: the default limit (8) is hit within the table,
-        # after which torch falls back to an unfused flex_attention that is ~30x slower
-        for knob in ("cache_size_limit", "recompile_limit"):
-            if hasattr(torch._dynamo.config, knob):
-                setattr(torch._dynamo.config, knob, 64)
+        raise_recompile_limit(64)
 
         compiled = torch.compile(flex_attention, dynamic=False)
         masks: Dict[tuple, object] = {}

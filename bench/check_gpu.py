@@ -20,9 +20,7 @@ JSON and a markdown table go to $OUT; the table is printed last.
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
-import math
 import multiprocessing as mp
 import os
 import platform
@@ -302,10 +300,7 @@ def warm(job) -> str:
             q, k, v = A.inputs_for("ours", 1, 1024, d, grad=True)
             torch.autograd.grad(fa.flash_attn_func(q, k, v, causal=causal), (q, k, v), torch.randn_like(q))
             if flex:
-                import importlib
-
-                importlib.import_module("torch._dynamo").config.cache_size_limit = 64
-                fn = A.providers(causal, True)["flex"]
+                fn = A.providers(causal, True)["flex"]  # raises dynamo's recompile limit
                 for seq in A.SEQS:
                     q, k, v = A.inputs_for("flex", A.TOKENS // seq, seq, d, grad=True)
                     with torch.no_grad():
@@ -351,11 +346,7 @@ def main() -> None:
     with_flex = "--no-flex" not in args and not quick
     flex_dims = next((tuple(int(x) for x in a.split("=")[1].split(",")) for a in args
                       if a.startswith("--flex-dims=")), A.HEAD_DIMS)
-    dynamo = importlib.import_module("torch._dynamo")
-    # Flex recompiles per shape and grad mode; past the default limit it silently runs eagerly.
-    for knob in ("cache_size_limit", "recompile_limit"):
-        if hasattr(dynamo.config, knob):
-            setattr(dynamo.config, knob, 256)
+    A.raise_recompile_limit(256)
     budget = next((float(a.split("=")[1]) for a in args if a.startswith("--budget=")), 420.0)
     OUT.mkdir(parents=True, exist_ok=True)
     import triton

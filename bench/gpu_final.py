@@ -20,8 +20,6 @@ Everything lands in OUT_DIR (``summary.md`` and ``summary.json`` plus each phase
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -125,12 +123,12 @@ def main() -> None:
     def _registry():
         from types import SimpleNamespace
 
-        import torch._dynamo
+        import attention as A
 
         from kernel_loader.attention import ALL_ATTENTION_FUNCTIONS, create_causal_mask, explain_chain
         from kernel_loader.attention import create_sliding_window_causal_mask
 
-        torch._dynamo.config.cache_size_limit = 64
+        A.raise_recompile_limit(64)
         b, hq, hkv, s, d, window = 4, 16, 4, 1000, 128, 256
         pad = torch.tensor([0, 37, 0, 511])  # left padding per row
         real = torch.arange(s)[None, :] >= pad[:, None]

@@ -362,6 +362,17 @@ def main() -> None:
             model_cache.update(model=model, ids=ids, mask=torch.ones_like(ids), kernel_id=e.KERNEL, e=e)
         return model_cache
 
+    def greedy_steps(model, prefill_out, mask):
+        """A function running one greedy decode step on the prefill's cache per call."""
+        state = {"cache": prefill_out.past_key_values, "mask": mask,
+                 "next": prefill_out.logits[:, -1:].argmax(-1)}
+
+        def step():
+            state["mask"] = torch.cat([state["mask"], torch.ones_like(state["next"])], dim=1)
+            o = model(state["next"], attention_mask=state["mask"], past_key_values=state["cache"], use_cache=True)
+            state["next"] = o.logits[:, -1:].argmax(-1)
+        return step
+
     @phase("e2e-profile", "5a end to end, where the GPU and host time go (torch.profiler)")
     def _e2e_profile():
         from torch.profiler import ProfilerActivity, profile
@@ -380,20 +391,13 @@ def main() -> None:
                     torch.cuda.synchronize()
                 table = prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60)
                 texts.append(f"## prefill 8x2048, {impl}\n{table}")
-                cache = res.past_key_values
-                step_mask = mask
-                nxt = res.logits[:, -1:].argmax(-1)
+                step = greedy_steps(model, res, mask)
                 for _ in range(3):  # warm the decode shapes
-                    step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
-                    o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
-                    nxt = o.logits[:, -1:].argmax(-1)
+                    step()
                 torch.cuda.synchronize()
-                t = time.perf_counter()
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     for _ in range(8):
-                        step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
-                        o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
-                        nxt = o.logits[:, -1:].argmax(-1)
+                        step()
                     torch.cuda.synchronize()
                 table = prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60)
                 texts.append(f"## 8 decode steps, {impl}\n{table}")
@@ -401,15 +405,13 @@ def main() -> None:
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 for _ in range(8):
-                    step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
-                    o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
-                    nxt = o.logits[:, -1:].argmax(-1)
+                    step()
                 issue = (time.perf_counter() - t) / 8 * 1e3
                 torch.cuda.synchronize()
                 total = (time.perf_counter() - t) / 8 * 1e3
                 rows.append({"impl": impl, "decode_step_host_issue_ms": issue, "decode_step_total_ms": total})
                 log(json.dumps(rows[-1]))
-                del cache, res, o
+                del step, res
         (out / "e2e_profile.txt").write_text("\n\n".join(texts))
         return {"rows": rows, "written": "e2e_profile.txt"}
     save()
@@ -466,14 +468,8 @@ def main() -> None:
                         if getattr(current, "__name__", "") != "wrapper":  # re-registered: wrap again
                             originals.setdefault(impl, current)
                             ALL_ATTENTION_FUNCTIONS[impl] = timed("attention", current)
-                        res = model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-                        cache, step_mask, nxt = res.past_key_values, mask, res.logits[:, -1:].argmax(-1)
-
-                        def step():
-                            nonlocal step_mask, nxt
-                            step_mask = torch.cat([step_mask, torch.ones_like(nxt)], dim=1)
-                            o = model(nxt, attention_mask=step_mask, past_key_values=cache, use_cache=True)
-                            nxt = o.logits[:, -1:].argmax(-1)
+                        step = greedy_steps(model, model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1),
+                                            mask)
 
                         for _ in range(4):
                             step()
@@ -513,7 +509,7 @@ def main() -> None:
                             buf = io.StringIO()
                             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(35)
                             texts.append(f"## 8 decode steps, {impl}, by own time\n{buf.getvalue()}")
-                        del cache, res
+                        del step
         finally:
             gc.callbacks.remove(gc_cb)
             llama.create_causal_mask = real_mask

@@ -208,17 +208,25 @@ def _options(
     Raises:
         UnsupportedAttentionOptionError: the kernel's function does not take a needed option.
     """
-    window = sliding_window if sliding_window is not None and kv_length > sliding_window else None
+    opts = dict(_shared_options(params, kernel_name, causal, kv_length, dropout, scaling, sliding_window, softcap,
+                                deterministic))
     if s_aux is not None:
-        opts = dict(_static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic))
         if "s_aux" in params:
             opts["s_aux"] = s_aux
         elif "learnable_sink" in params:
             opts["learnable_sink"] = s_aux
         else:
             raise _refuse(kernel_name, "attention sinks (s_aux)")
-        return opts
-    return dict(_static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic))
+    return opts
+
+
+def _shared_options(
+    params: frozenset[str], kernel_name: str, causal: bool, kv_length: int, dropout: float, scaling: float | None,
+    sliding_window: int | None, softcap: float | None, deterministic: bool | None,
+) -> dict[str, Any]:
+    """The options without attention sinks, from the per-combination cache: unpack, never change."""
+    window = sliding_window if sliding_window is not None and kv_length > sliding_window else None
+    return _static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic)
 
 
 def _refuse(kernel_name: str, option: str) -> UnsupportedAttentionOptionError:
@@ -270,17 +278,6 @@ def _first(out: Any) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------
 # the attention function
 # ------------------------------------------------------------------------------------------
-
-
-def _call_options(
-    fk: FlashKernel, params: frozenset[str], kv_len: int, causal: bool, dropout: float, scaling: float | None,
-    sliding_window: int | None, softcap: float | None, s_aux: torch.Tensor | None, deterministic: bool | None,
-) -> dict[str, Any]:
-    if s_aux is None:  # the common case, answered from the cache (never mutated: unpacked)
-        window = sliding_window if sliding_window is not None and kv_len > sliding_window else None
-        return _static_options(params, fk.name, causal, dropout, scaling, window, softcap, deterministic)
-    return _options(params, fk.name, causal=causal, kv_length=kv_len, dropout=dropout, scaling=scaling,
-                    sliding_window=sliding_window, softcap=softcap, s_aux=s_aux, deterministic=deterministic)
 
 
 def _varlen(
@@ -370,8 +367,11 @@ def flash_attention_forward(
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
 
     def opts(params: frozenset[str], kv_len: int) -> dict[str, Any]:
-        return _call_options(fk, params, kv_len, causal, dropout, scaling, sliding_window, softcap, s_aux,
-                             deterministic)
+        if s_aux is None:  # every layer, every step: the cached dict, unpacked by the call
+            return _shared_options(params, fk.name, causal, kv_len, dropout, scaling, sliding_window, softcap,
+                                   deterministic)
+        return _options(params, fk.name, causal=causal, kv_length=kv_len, dropout=dropout, scaling=scaling,
+                        sliding_window=sliding_window, softcap=softcap, s_aux=s_aux, deterministic=deterministic)
 
     if attention_mask is None and cu_seq_lens_q is None and (position_ids is None or q_len == 1) and fk.func is not None:
         # the common case first (every decode step): one dense call, nothing else to decide

@@ -115,6 +115,18 @@ def candidates(kind: str, block_d: int) -> List[Config]:
 _TUNED: Dict[tuple, Config] = {}
 
 
+def choose(kind: str, capability: Optional[Tuple[int, int]], block_d: int, shape_class: tuple,
+           override: Optional[tuple], time_fn: Callable[[tuple], float]) -> tuple:
+    """The config a launch uses: ``override`` if given, else the shipped one, or with
+    ``FLASH_ATTN2_AUTOTUNE=1`` on a GPU the fastest candidate for this shape class (``tuned``)."""
+    if override is not None:
+        return override
+    shipped = pick(kind, capability, block_d)
+    if capability is None or not AUTOTUNE:
+        return shipped
+    return tuned((kind, capability, block_d) + shape_class, shipped, kind, block_d, time_fn)
+
+
 def tuned(key: tuple, default: Config, kind: str, block_d: int, time_fn: Callable[[Config], float]) -> Config:
     """Return the fastest candidate for ``key``, timing them once per process with ``time_fn``.
 

@@ -508,7 +508,6 @@ def attention_backward(
         a2 = (0, 0)
     block_d = next_pow2_dim(head_dim)
     cap = device_capability(q)
-    shipped = _configs.pick("bwd", cap, block_d)
     # absent optional pointers: None, a compile-time constant the launch does not validate
     cuq = cu_seqlens_q if varlen else None
     cuk = cu_seqlens_k if varlen else None
@@ -542,14 +541,9 @@ def attention_backward(
         _DQ(((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
             flags + (right >= 0, bm2, bn2, block_d), w2, s2)
 
-    if config is not None:
-        launch(config)
-    elif cap is not None and _configs.AUTOTUNE:
-        key = ("bwd", cap, block_d, q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
-        cfg = _configs.tuned(key, shipped, "bwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c)))
-        launch(cfg)
-    else:
-        launch(shipped)
+    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
+    launch(_configs.choose("bwd", cap, block_d, shape_class, config,
+                           lambda c: triton.testing.do_bench(lambda: launch(c))))
     return dq, dk, dv
 
 

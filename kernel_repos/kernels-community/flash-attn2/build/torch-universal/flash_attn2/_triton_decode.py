@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ._launch import Launcher
 from ._triton_fwd import capability_of as _capability
+from ._triton_fwd import next_pow2_dim
 
 _LOG2E = 1.4426950408889634
 
@@ -307,7 +308,7 @@ def decode_attention(
     if batch == 0 or seqlen_q == 0:
         return out, lse
     block_n, num_warps, num_stages = config or _config(head_dim, device)
-    block_d = max(16, 1 << (int(head_dim) - 1).bit_length())
+    block_d = next_pow2_dim(head_dim)
     rows = group * seqlen_q
     if block_m is None:
         block_m = max(16, min(64, 1 << (int(rows) - 1).bit_length()))

@@ -405,14 +405,9 @@ def attention_forward(
         bm_, bn_, w_, s_ = cfg
         _FWD(((sq_max + bm_ - 1) // bm_, batch * hq, 1), args, flags + (bm_, bn_, block_d), w_, s_)
 
-    if config is not None:
-        launch(config)
-    elif cap is not None and _configs.AUTOTUNE:
-        key = ("fwd", cap, block_d, q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
-        default = _configs.pick("fwd", cap, block_d)
-        launch(_configs.tuned(key, default, "fwd", block_d, lambda c: triton.testing.do_bench(lambda: launch(c))))
-    else:
-        launch(_configs.pick("fwd", cap, block_d))
+    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
+    launch(_configs.choose("fwd", cap, block_d, shape_class, config,
+                           lambda c: triton.testing.do_bench(lambda: launch(c))))
     return out, lse
 
 
