@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 FLASH_API = ("flash_attn_varlen_func", "flash_attn_func", "flash_attn_with_kvcache")
+# Optional extension (our shipped kernel has it): a decode step on transformers' [B, H, S, D]
+# tensors, returning None when it does not serve the call. See _forward.
+DECODE_HEADS_FIRST = "flash_attn_decode_heads_first"
 # packages that run only on CUDA in half precision; Hub and shipped kernels say what they need
 _CUDA_HALF_ONLY = {"flash_attn", "flash_attn_interface"}
 
@@ -63,6 +66,7 @@ class FlashKernel:
     varlen_params: frozenset[str] = field(default_factory=frozenset)
     kvcache_params: frozenset[str] = field(default_factory=frozenset)
     cuda_half_only: bool = False
+    decode_heads_first: Callable[..., Any] | None = None
 
 
 @functools.lru_cache(maxsize=64)
@@ -86,6 +90,7 @@ def _describe(kernel: ModuleType) -> FlashKernel:
         varlen_params=_params(varlen),
         kvcache_params=_params(kvcache),
         cuda_half_only=top in _CUDA_HALF_ONLY,
+        decode_heads_first=getattr(kernel, DECODE_HEADS_FIRST, None),
     )
 
 
@@ -229,6 +234,12 @@ def _shared_options(
     return _static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic)
 
 
+def _window_size(window: int, causal: bool) -> tuple[int, int]:
+    # masks.sliding_window_overlay: causal sees q-kv < w; bidirectional sees |q-kv| <= w
+    left = window - 1 if causal else window
+    return (left, left)
+
+
 def _refuse(kernel_name: str, option: str) -> UnsupportedAttentionOptionError:
     return UnsupportedAttentionOptionError(
         f"FlashAttention kernel {kernel_name!r} does not accept {option}, so it cannot be applied. Use "
@@ -259,9 +270,7 @@ def _static_options(
     if window is not None:
         if "window_size" not in params:
             raise _refuse(kernel_name, f"sliding_window={window}")
-        # masks.sliding_window_overlay: causal sees q-kv < w; bidirectional sees |q-kv| <= w
-        left = window - 1 if causal else window
-        opts["window_size"] = (left, left)
+        opts["window_size"] = _window_size(window, causal)
     if softcap is not None and softcap != 0.0:
         if "softcap" not in params:
             raise _refuse(kernel_name, f"softcap={softcap}")
@@ -298,26 +307,19 @@ def flash_attention_forward(
     attention_mask: torch.Tensor | None,
     *,
     kernel: ModuleType | FlashKernel,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    is_causal: bool | None = None,
-    position_ids: torch.Tensor | None = None,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    cu_seq_lens_k: torch.Tensor | None = None,
-    max_length_q: int | None = None,
-    max_length_k: int | None = None,
-    s_aux: torch.Tensor | None = None,
-    deterministic: bool | None = None,
-    output_attentions: bool = False,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """FlashAttention through ``kernel`` (transformers' attention-function contract).
 
     ``query [B, Hq, Sq, D]``, ``key``/``value [B, Hkv, Skv, D]`` (GQA is the kernel's: Hq must be a
     multiple of Hkv). ``attention_mask`` is the 2D padding mask from ``flash_attention_mask``
-    (True/1 = real token) or None. Extra keyword arguments transformers passes are ignored.
+    (True/1 = real token) or None.
+
+    Keyword options (as transformers passes them; others are ignored): ``dropout`` (0.0),
+    ``scaling`` (None: 1/sqrt(D)), ``sliding_window``, ``softcap``, ``is_causal`` (None: the
+    module's ``is_causal``, else True), ``position_ids`` (packed sequences when they restart),
+    ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/``max_length_k`` (packed input given
+    directly), ``s_aux`` (attention sinks), ``deterministic``, ``output_attentions``.
 
     Returns:
         ``(out [B, Sq, Hq, D] contiguous, None)``.
@@ -328,8 +330,17 @@ def flash_attention_forward(
             package asked to run off-GPU or in float32.
         UnusableKernelError: ``kernel`` has no ``flash_attn_varlen_func``.
     """
-    fk = flash_kernel(kernel)
-    if output_attentions:
+    return _forward(flash_kernel(kernel), module, query, key, value, attention_mask, kwargs)
+
+
+def _forward(
+    fk: FlashKernel, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, kw: dict[str, Any],
+) -> tuple[torch.Tensor, None]:
+    # Takes transformers' keyword arguments as the dict they arrived in: re-binding a dozen
+    # keywords per call is host time on every layer of every decode step.
+    get = kw.get
+    if get("output_attentions"):
         raise UnsupportedAttentionOptionError(
             "FlashAttention returns no attention weights; use attn_implementation='eager' for output_attentions."
         )
@@ -340,8 +351,9 @@ def flash_attention_forward(
             "(create_causal_mask with config._attn_implementation set to the flash backend), or use "
             "'sdpa'/'eager' for arbitrary 4D masks."
         )
-    if 0 in query.shape:
-        raise ValueError(f"FlashAttention got an empty query {tuple(query.shape)}")
+    q_shape = query.shape
+    if 0 in q_shape:
+        raise ValueError(f"FlashAttention got an empty query {tuple(q_shape)}")
     if fk.cuda_half_only:
         if query.device.type != "cuda":
             raise UnsupportedAttentionOptionError(
@@ -353,16 +365,29 @@ def flash_attention_forward(
                 f"{fk.name} supports float16 and bfloat16 only, got {query.dtype}. Cast the model "
                 "(model.to(torch.bfloat16)) or use 'sdpa'."
             )
-    if key.shape[1] == 0 or query.shape[1] % key.shape[1]:
+    if key.shape[1] == 0 or q_shape[1] % key.shape[1]:
         kv_groups(query, key)  # raises with a readable message
 
-    batch, q_len = query.shape[0], query.shape[2]
+    batch, q_len = q_shape[0], q_shape[2]
+    is_causal = get("is_causal")
     causal = bool(is_causal) if is_causal is not None else resolve_is_causal(module, None)
+    dropout, scaling, sliding_window = get("dropout", 0.0), get("scaling"), get("sliding_window")
+    softcap, s_aux, deterministic = get("softcap"), get("s_aux"), get("deterministic")
+    cu_seq_lens_q, position_ids = get("cu_seq_lens_q"), get("position_ids")
+    if (fk.decode_heads_first is not None and attention_mask is None and cu_seq_lens_q is None
+            and (position_ids is None or q_len == 1) and not dropout and s_aux is None):
+        # a decode step into a kernel that takes transformers' layout as it is; None: not served
+        kv_len = key.shape[2]
+        window = _window_size(sliding_window, causal) if sliding_window is not None and kv_len > sliding_window \
+            else (-1, -1)
+        out = fk.decode_heads_first(query, key, value, scaling, causal, window, softcap or 0.0)
+        if out is not None:
+            return out, None
     # FlashAttention layout: [B, S, H, D]
     q = query.transpose(1, 2)
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
-    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
+    head_dim, v_head_dim = q_shape[-1], v.shape[-1]
     if v_head_dim != head_dim:  # e.g. MLA: pad V up to the QK head dim, crop the output below
         v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
 
@@ -388,10 +413,10 @@ def flash_attention_forward(
             qp, idx_q, cu_q, max_q = unpad_input(q, mask[:, -q_len:])
         out = _varlen(fk, qp, kp, vp, cu_q, cu_k, max_q, max_k, opts)
         out = pad_input(out, idx_q, batch, q_len)
-    elif (cu_seq_lens_q is not None and cu_seq_lens_k is not None and max_length_q is not None
-          and max_length_k is not None):
+    elif (cu_seq_lens_q is not None and get("cu_seq_lens_k") is not None and get("max_length_q") is not None
+          and get("max_length_k") is not None):
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
-        out = _varlen(fk, *flat, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, opts)
+        out = _varlen(fk, *flat, cu_seq_lens_q, kw["cu_seq_lens_k"], kw["max_length_q"], kw["max_length_k"], opts)
         out = out.view(batch, -1, *out.shape[1:])
     elif _is_packed(position_ids, batch, q_len) and q_len == k.shape[1]:
         cu, max_len = cu_seqlens_from_position_ids(position_ids.expand(batch, -1))
@@ -432,7 +457,7 @@ def make_flash_attention(kernel: ModuleType | FlashKernel, name: str | None = No
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         kwargs.pop("kernel", None)
-        return flash_attention_forward(module, query, key, value, attention_mask, kernel=fk, **kwargs)
+        return _forward(fk, module, query, key, value, attention_mask, kwargs)
 
     attention.__name__ = "flash_attention_forward"
     attention.__qualname__ = f"flash_attention_forward[{name or fk.name}]"

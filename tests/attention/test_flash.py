@@ -185,7 +185,7 @@ def test_per_forward_checks_ask_the_device_once_per_tensor_and_again_after_a_cha
 def _spy_on(kernel):
     """The shipped kernel's FlashAttention functions, each call recorded by name."""
     spy = types.ModuleType("spy_kernel")
-    for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):
+    for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_decode_heads_first"):
         real = getattr(kernel, name)
 
         def recorded(*args, _real=real, _name=name, **kwargs):
@@ -197,30 +197,45 @@ def _spy_on(kernel):
     return spy
 
 
-@pytest.mark.parametrize("q_len", [1, 3])
-def test_decode_steps_and_training_steps_both_call_flash_attn_func(q_len):
-    """The wrapper adds no routing of its own: kernels pick their decode path inside
-    flash_attn_func (ours takes its split-K kernel for few query tokens without gradients)."""
+def _shipped_spy():
     import warnings
 
     from kernel_loader.loader import get_bundled_kernel
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        spy = _spy_on(get_bundled_kernel("kernels-community/flash-attn2"))
-    fn = make_flash_attention(spy)
+        return _spy_on(get_bundled_kernel("kernels-community/flash-attn2"))
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_decode_steps_take_the_heads_first_entry_and_training_steps_flash_attn_func(q_len):
+    """A kernel with ``flash_attn_decode_heads_first`` (ours) gets decode steps in transformers'
+    layout, skipping the transposed views; calls that need gradients use flash_attn_func."""
+    fn = make_flash_attention(_shipped_spy())
     case = make_case(b=2, hq=8, hkv=2, sq=q_len, skv=37, d=32, seed=11)
     mod = module()
+    ref = reference_attention(case.q, case.k, case.v, causal=True, window=20)
 
     with torch.no_grad():
         out, _ = fn(mod, case.q, case.k, case.v, None, is_causal=True, sliding_window=20)
-    assert calls == [("flash_attn_func",)]
-    ref = reference_attention(case.q, case.k, case.v, causal=True, window=20)
+    assert calls == [("flash_attn_decode_heads_first",)]
+    assert out.shape == (2, q_len, 8, 32) and out.is_contiguous()
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
 
     calls.clear()
     q = case.q.clone().requires_grad_()
     out, _ = fn(mod, q, case.k, case.v, None, is_causal=True, sliding_window=20)
-    assert calls == [("flash_attn_func",)]
+    assert calls == [("flash_attn_decode_heads_first",), ("flash_attn_func",)]  # declined, then served
+    torch.testing.assert_close(out.detach().double(), ref, atol=2e-5, rtol=2e-5)
     out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_calls_the_heads_first_entry_declines_take_flash_attn_func():
+    fn = make_flash_attention(_shipped_spy())
+    case = make_case(b=1, hq=4, hkv=2, sq=20, skv=30, d=16, seed=3)  # 20 query tokens: not a decode step
+    with torch.no_grad():
+        out, _ = fn(module(), case.q, case.k, case.v, None, is_causal=True)
+    assert calls == [("flash_attn_decode_heads_first",), ("flash_attn_func",)]
+    torch.testing.assert_close(out.double(), reference_attention(case.q, case.k, case.v, causal=True),
+                               atol=2e-5, rtol=2e-5)

@@ -112,6 +112,41 @@ def test_inference_with_few_query_tokens_takes_the_decode_kernel(case, monkeypat
     assert lse_err(lse, ref_lse) < LSE_TOL[dtype]
 
 
+@pytest.mark.parametrize("case", ["q1-gqa-causal", "q3-mqa-window-softcap"])
+def test_decode_heads_first_equals_flash_attn_func_on_transposed_views(case):
+    """transformers' [B, H, S, D] tensors in, the same output as through [B, S, H, D] views."""
+    b, sq, sk, hq, hk, d, dtype, opts = DECODE_CASES[case]
+    q = torch.randn(b, hq, sq, d, dtype=dtype)
+    k = torch.randn(b, hk, sk + 5, d, dtype=dtype)[:, :, :sk]  # a cache with spare slots: odd strides
+    v = torch.randn(b, hk, sk, d, dtype=dtype)
+    scale = 0.2
+    with torch.no_grad(), poisoned_allocations():
+        out = fa.flash_attn_decode_heads_first(q, k, v, scale, opts.get("causal", False),
+                                               opts.get("window_size", (-1, -1)), opts.get("softcap", 0.0))
+        via_func = fa.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                      softmax_scale=scale, **opts)
+    assert out.shape == (b, sq, hq, d) and out.is_contiguous()
+    assert torch.equal(out, via_func)
+    ref, _ = reference(*(t.transpose(1, 2).double() for t in (q, k, v)), softmax_scale=scale, **opts)
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("why, change", [
+    ("17 query tokens", lambda q, k, v: (torch.randn(1, 4, 17, 32, dtype=torch.float16), k, v)),
+    ("more queries than keys", lambda q, k, v: (torch.randn(1, 4, 8, 32, dtype=torch.float16), k[:, :, :4], v[:, :, :4])),
+    ("gradients needed", lambda q, k, v: (q.clone().requires_grad_(), k, v)),
+    ("bfloat16 under the interpreter", lambda q, k, v: (q.bfloat16(), k.bfloat16(), v.bfloat16())),
+    ("float64 (no kernel dtype)", lambda q, k, v: (q.double(), k.double(), v.double())),
+    ("heads not a multiple", lambda q, k, v: (torch.randn(1, 3, 1, 32, dtype=torch.float16), k, v)),
+    ("k and v differ", lambda q, k, v: (q, k, v[:, :, :-1])),
+])
+def test_decode_heads_first_declines_what_it_does_not_serve(why, change):
+    q = torch.randn(1, 4, 1, 32, dtype=torch.float16)
+    k = torch.randn(1, 2, 20, 32, dtype=torch.float16)
+    v = torch.randn(1, 2, 20, 32, dtype=torch.float16)
+    assert fa.flash_attn_decode_heads_first(*change(q, k, v), None, True) is None, why
+
+
 def test_inference_without_lse_returns_the_same_output():
     q, k, v = (t.detach() for t in _inputs(2, 40, 50, 4, 2, 64, torch.float16))
     with torch.no_grad(), poisoned_allocations():

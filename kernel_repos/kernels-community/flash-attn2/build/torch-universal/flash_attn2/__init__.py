@@ -18,6 +18,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ._autograd import attention as _attention
+from ._autograd import decode_heads_first as _decode_heads_first
 
 __all__ = [
     "flash_attn_func",
@@ -27,6 +28,7 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_with_kvcache",
+    "flash_attn_decode_heads_first",
 ]
 
 Result = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, None]]
@@ -58,6 +60,27 @@ def flash_attn_func(
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                           need_lse=return_attn_probs)
     return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_decode_heads_first(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+) -> Optional[torch.Tensor]:
+    """An extension to flash-attn's API: one decode step in transformers' layout, no autograd.
+
+    q ``[B, Hq, Sq, D]`` with Sq <= 16, k/v ``[B, Hk, Sk, D]`` (any strides); the options mean
+    what they mean for :func:`flash_attn_func`. Returns ``out [B, Sq, Hq, D]`` contiguous, or None
+    when this path does not serve the call (too many query tokens, gradients needed, the
+    PyTorch fallback, or input :func:`flash_attn_func` would refuse): then call
+    :func:`flash_attn_func` on ``.transpose(1, 2)`` views, which computes or raises. It skips
+    building those views, which is a large share of an eager decode step's host time.
+    """
+    return _decode_heads_first(q, k, v, softmax_scale, causal, window_size, softcap)
 
 
 def _gather_pages(cache: torch.Tensor, block_table: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tensor:

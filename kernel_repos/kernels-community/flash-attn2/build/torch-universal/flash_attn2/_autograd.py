@@ -93,7 +93,7 @@ _decode_attention = None
 DECODE_MAX_QUERY = 16
 
 
-def _decode(q, k, v, alibi_slopes, softmax_scale, causal, window_size, softcap):
+def _decode(q, k, v, alibi_slopes, softmax_scale, causal, window_size, softcap, need_lse):
     global _decode_attention
     if _decode_attention is None:
         from ._triton_decode import decode_attention as _decode_attention
@@ -104,8 +104,51 @@ def _decode(q, k, v, alibi_slopes, softmax_scale, causal, window_size, softcap):
         batch_idx=None, leftpad=None,
         alibi_slopes=alibi_slopes.contiguous() if alibi_slopes is not None else None,
         softmax_scale=softmax_scale, window_left=window_size[0], window_right=0 if causal else window_size[1],
-        softcap=softcap,
+        softcap=softcap, need_lse=need_lse,
     )
+
+
+def decode_heads_first(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_size: Tuple[int, int],
+    softcap: float,
+) -> Optional[torch.Tensor]:
+    """Inference attention for a few query tokens, inputs in transformers' ``[B, H, S, D]`` layout.
+
+    Returns ``out [B, Sq, Hq, D]`` (contiguous), or None when the call is not one this path
+    serves: more than DECODE_MAX_QUERY query tokens or more queries than keys, gradients
+    required, the PyTorch backend, or input the checks of ``attention`` would refuse (call
+    :func:`attention` on ``[B, S, H, D]`` views then; it computes or raises). Raises nothing.
+    """
+    # Why a second entry: in eager decoding every layer pays the host cost of this call, and the
+    # three transposed views flash-attn's layout needs cost more than the rest of the checks.
+    qs, ks = q.shape, k.shape
+    if not (len(qs) == 4 and len(ks) == 4 and ks == v.shape and qs[0] == ks[0] and qs[3] == ks[3]
+            and ks[1] > 0 and qs[1] % ks[1] == 0 and 0 < qs[2] <= DECODE_MAX_QUERY and qs[2] <= ks[2]
+            and 1 <= qs[3] <= _validate.MAX_HEAD_DIM and q.dtype == k.dtype == v.dtype
+            and q.device == k.device == v.device and softcap >= 0.0
+            and window_size[0] >= -1 and window_size[1] >= -1):
+        return None
+    backend = backend_for(q)
+    if backend == "torch" or q.dtype not in (_validate.GPU_DTYPES if backend == "gpu" else _validate.INTERPRETER_DTYPES):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None
+    global _decode_attention
+    if _decode_attention is None:
+        from ._triton_decode import decode_attention as _decode_attention
+    seqlen_k = ks[2]
+    return _decode_attention(
+        q, k, v, total_lens=None, total_len_uniform=seqlen_k, capacity=seqlen_k, block_table=None,
+        batch_idx=None, leftpad=None, alibi_slopes=None,
+        softmax_scale=float(softmax_scale) if softmax_scale is not None else qs[3] ** -0.5,
+        window_left=int(window_size[0]), window_right=0 if causal else int(window_size[1]),
+        softcap=float(softcap), need_lse=False, heads_first=True,
+    )[0]
 
 
 class _TritonAttention(torch.autograd.Function):
@@ -158,10 +201,14 @@ def attention(
         batch = cu_seqlens_q.numel() - 1
     else:
         batch = q.shape[0]
-    _validate.check_options(dropout_p, window_size, softcap, alibi_slopes, batch, q.shape[-2], q.device)
+    # every decode step of every layer passes here: the range checks only when an option is set
+    if dropout_p or softcap or alibi_slopes is not None or window_size != (-1, -1):
+        _validate.check_options(dropout_p, window_size, softcap, alibi_slopes, batch, q.shape[-2], q.device)
+        window_size = (int(window_size[0]), int(window_size[1]))
+    else:
+        window_size = (-1, -1)  # plain ints, whatever equal-to--1 values came in
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    window_size = (int(window_size[0]), int(window_size[1]))
     seed = draw_seed() if dropout_p > 0.0 else 0
     backend = backend_for(q)
     if backend == "torch":
@@ -174,8 +221,9 @@ def attention(
         max_seqlen_q = int(max_seqlen_q) if max_seqlen_q is not None else int(cu_seqlens_q.diff().max())
         max_seqlen_k = int(max_seqlen_k) if max_seqlen_k is not None else int(cu_seqlens_k.diff().max())
     inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-    if inference and not packed and dropout_p == 0.0 and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] <= k.shape[1]:
-        return _decode(q, k, v, alibi_slopes, float(softmax_scale), bool(causal), window_size, float(softcap))
+    if inference and not packed and not dropout_p and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] <= k.shape[1]:
+        return _decode(q, k, v, alibi_slopes, float(softmax_scale), bool(causal), window_size, float(softcap),
+                       need_lse)
     opts = dict(
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=float(softmax_scale),
         causal=bool(causal), window_size=window_size, softcap=float(softcap),

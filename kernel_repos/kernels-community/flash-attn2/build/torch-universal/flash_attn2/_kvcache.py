@@ -367,6 +367,7 @@ def flash_attn_with_kvcache(
             batch_idx=cache_batch_idx if cache_batch_idx is not None else None,
             leftpad=leftpad, alibi_slopes=slopes, softmax_scale=float(softmax_scale),
             window_left=left, window_right=right, softcap=float(softcap), num_splits=num_splits,
+            need_lse=bool(return_softmax_lse),
         )
     else:
         out, lse = _attention_gathered(

@@ -46,7 +46,7 @@ def _split_kernel(
     HAS_LENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr,
-    FINAL: tl.constexpr,
+    FINAL: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -158,8 +158,9 @@ def _split_kernel(
     o_ptrs = (O + pid_split * stride_os + b * stride_ob + head[:, None] * stride_oh
               + q_idx[:, None] * stride_oq + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    l_ptrs = LSE + pid_split * stride_ls + b * stride_lb + head * stride_lh + q_idx * stride_lq
-    tl.store(l_ptrs, lse, mask=row_ok)
+    if STORE_LSE:
+        l_ptrs = LSE + pid_split * stride_ls + b * stride_lb + head * stride_lh + q_idx * stride_lq
+        tl.store(l_ptrs, lse, mask=row_ok)
 
 
 @triton.jit
@@ -170,7 +171,7 @@ def _combine_kernel(
     stride_ob, stride_oq, stride_oh, stride_od,
     stride_lb, stride_lh, stride_lq,
     num_heads, seqlen_q, head_dim,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i = pid % seqlen_q
@@ -194,7 +195,8 @@ def _combine_kernel(
     out_lse = tl.where(total > 0.0, m_safe + tl.log(total_safe), float("inf"))
     tl.store(O + b * stride_ob + i * stride_oq + h * stride_oh + offs_d * stride_od,
              out.to(O.dtype.element_ty), mask=d_ok)
-    tl.store(LSE + b * stride_lb + h * stride_lh + i * stride_lq, out_lse)
+    if STORE_LSE:
+        tl.store(LSE + b * stride_lb + h * stride_lh + i * stride_lq, out_lse)
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -285,7 +287,9 @@ def decode_attention(
     num_splits: int = 0,
     block_m: int | None = None,
     config: tuple[int, int, int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    need_lse: bool = True,
+    heads_first: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``q`` over a (possibly paged) KV cache whose new keys are already written.
 
     q is ``[B, Sq, Hq, D]``; the caches are ``[B_cache, S, Hk, D]`` or, with ``block_table``
@@ -295,67 +299,76 @@ def decode_attention(
     ``capacity`` (keys a row can hold) only sizes the split count. ``config`` /
     ``block_m`` override the tuned tile choice (benchmark sweeps).
 
+    With ``heads_first=True`` q is ``[B, Hq, Sq, D]`` and the (dense) caches ``[B, Hk, S, D]``
+    (transformers' layout); the output layout does not change. The caller passes ints and floats
+    as Python ``int``/``float`` (they key the launch cache).
+
     Returns ``(out [B, Sq, Hq, D] in q's dtype, lse [B, Hq, Sq] float32)``; rows without any
-    visible key get out 0 and LSE +inf, as flash-attn does. Raises nothing itself: the caller
-    checks shapes and dtypes.
+    visible key get out 0 and LSE +inf, as flash-attn does. With ``need_lse=False`` no lse is
+    written and None is returned in its place. Raises nothing itself: the caller checks shapes
+    and dtypes.
     """
-    batch, seqlen_q, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
+    if heads_first:  # [B, H, S, D] views: read them through permuted strides, no transposed views
+        batch, num_heads, seqlen_q, head_dim = q.shape
+        num_kv_heads = k_cache.shape[1]
+        sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
+        q_strides = (sq[0], sq[2], sq[1], sq[3])
+        k_strides = (sk[0], sk[2], sk[1], sk[3])
+        v_strides = (sv[0], sv[2], sv[1], sv[3])
+    else:
+        batch, seqlen_q, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[2]
+        q_strides, k_strides, v_strides = q.stride(), k_cache.stride(), v_cache.stride()
     group = num_heads // num_kv_heads
     device = q.device
-    out = _alloc(q.shape, q.dtype, device)
-    lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device)
+    out = _alloc((batch, seqlen_q, num_heads, head_dim), q.dtype, device)
+    lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device) if need_lse else None
     if batch == 0 or seqlen_q == 0:
         return out, lse
     block_n, num_warps, num_stages = config or _config(head_dim, device)
-    block_d = next_pow2_dim(head_dim)
     rows = group * seqlen_q
     if block_m is None:
-        block_m = max(16, min(64, 1 << (int(rows) - 1).bit_length()))
+        block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
     splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, device,
                                                                   block_n)
-    page_size = k_cache.shape[1] if block_table is not None else 0
-    final = splits == 1
-    if final:
+    so = out.stride()
+    if splits == 1:
         o_target, l_target = out, lse
-        so = out.stride()
         o_strides = (0, so[0], so[2], so[1], so[3])
-        l_strides = (0,) + lse.stride()
+        l_strides = (0,) + lse.stride() if need_lse else (0, 0, 0, 0)
     else:
         o_target = _alloc((splits, batch, num_heads, seqlen_q, head_dim), torch.float32, device)
         l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
         o_strides = o_target.stride()
         l_strides = l_target.stride()
-
-    alibi_stride = 0
-    if alibi_slopes is not None and alibi_slopes.dim() == 2:
-        alibi_stride = alibi_slopes.stride(0)
+    block_d = next_pow2_dim(head_dim)
     _SPLIT(
         (splits, m_blocks, batch * num_kv_heads),
         (
             # absent optional pointers stay None: compile-time constants the launch skips
             q, k_cache, v_cache, block_table, total_lens, batch_idx, leftpad, alibi_slopes,
             o_target, l_target,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(),
+            *q_strides, *k_strides, *v_strides,
             block_table.stride(0) if block_table is not None else 0,
-            alibi_stride,
+            alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
             *o_strides, *l_strides,
-            seqlen_q, num_kv_heads, head_dim, int(total_len_uniform),
-            float(softmax_scale) * _LOG2E, float(softcap), int(window_left), int(window_right),
+            seqlen_q, num_kv_heads, head_dim, total_len_uniform,
+            softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, block_d, page_size, splits,
+        (group, block_m, block_n, block_d, k_cache.shape[1] if block_table is not None else 0, splits,
          total_lens is not None, batch_idx is not None, leftpad is not None,
-         alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, final),
+         alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
+         need_lse or splits > 1),
         num_warps, num_stages,
     )
-    if not final:
+    if splits > 1:
         _COMBINE(
             (batch * num_heads * seqlen_q, 1, 1),
-            (o_target, l_target, out, lse, *o_target.stride(), *l_target.stride(), *out.stride(),
-             *lse.stride(), num_heads, seqlen_q, head_dim),
-            (splits, max(2, 1 << (int(splits) - 1).bit_length()), block_d),
+            (o_target, l_target, out, lse, *o_target.stride(), *l_target.stride(), *so,
+             *(lse.stride() if need_lse else (0, 0, 0)), num_heads, seqlen_q, head_dim),
+            (splits, max(2, 1 << (splits - 1).bit_length()), block_d, need_lse),
             1 if device.type != "cuda" else 4, 3,  # Triton's default stage count
         )
     return out, lse
