@@ -115,6 +115,9 @@ CHECKS = [
      0.0, True),
     ("chunk33 d128 paged16 mqa", torch.float16, 3, 33, 33, 8, 1, 128, 16, 2048, True,
      (-1, -1), 0.0, False),
+    # strides not multiples of 16 elements: the kernel's unaligned (no vector hint) variant
+    ("decode d40 contig unaligned", torch.bfloat16, 4, 1, 1, 8, 2, 40, 0, 1000, True,
+     (-1, -1), 0.0, False),
 ]
 
 

@@ -13,9 +13,11 @@ Prefill: ``model(ids, use_cache=True, logits_to_keep=1)`` on 8 x 2048 tokens (me
 2 warm-ups). Decode: greedy ``generate`` of 256 new tokens after the same prompt (min_new_tokens
 forces all 256); decode ms/step = (time of the 256-token generate - time of a 1-token generate)
 / 255, which leaves out the prefill and generate's set-up. The four variants alternate over
-rounds (4 by default); round 0 is a warm-up, and each figure is the median over the other rounds
-(the minimum is kept beside it): the lent machine's host speed drifts between minutes, and eager
-decoding is bound by host time. Before timing, the
+rounds (7 by default, the order rotating each round); round 0 is a warm-up, and each figure is
+the median over the other rounds (the minimum is kept beside it): the lent machine's host speed
+drifts between minutes, and eager decoding is bound by host time. The "paired" columns divide
+each round's sdpa time by the same round's time of the row, then take the median of those
+ratios: the steadier comparison when the host drifts. Before timing, the
 bridge's bf16 parity on the GPU: last hidden states of small Llama / Qwen2 (sliding window) /
 Gemma2 (softcap) models and of the 1B model vs sdpa (Gemma2: eager) on non-padded positions of a
 left-padded batch, with the tolerance transformers' FlashAttention tests use (atol = rtol = 4e-2),
@@ -43,7 +45,7 @@ KERNEL = "kernels-community/flash-attn2"
 PARITY_TOL = 4e-2  # transformers' FlashAttention-vs-sdpa tests, bf16
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-FULL = dict(batch=8, prompt=2048, new_tokens=256, warmup=2, reps=5, rounds=4, parity_seq=256, big_parity=(2, 512))
+FULL = dict(batch=8, prompt=2048, new_tokens=256, warmup=2, reps=5, rounds=7, parity_seq=256, big_parity=(2, 512))
 SMOKE = dict(batch=2, prompt=64, new_tokens=8, warmup=1, reps=2, rounds=2, parity_seq=32, big_parity=(2, 32))
 
 
@@ -256,7 +258,9 @@ def bench_rows(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]
     measured: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in variants}
     rows: dict[str, dict[str, Any]] = {}
     for round_ in range(sizes["rounds"]):
-        for label, impl, context in variants:
+        # the order rotates too, so no variant always runs first (or right after another) in a round
+        shift = round_ % len(variants)
+        for label, impl, context in variants[shift:] + variants[:shift]:
             if "error" in rows.get(label, {}):
                 continue
             row = rows.setdefault(label, {"attn_implementation": impl})
@@ -276,6 +280,7 @@ def bench_rows(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]
                     row["first_generate_s"] = round(generate_s, 3)
                     continue
                 measured[label].append({
+                    "round": round_,
                     "prefill_s": times[len(times) // 2],
                     "decode_step_s": (generate_s - one_token_s) / (sizes["new_tokens"] - 1),
                     "generate_s": generate_s,
@@ -298,8 +303,20 @@ def bench_rows(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]
             decode_ms_per_step=round(step_s * 1e3, 3),
             decode_ms_per_step_min=round(min(r["decode_step_s"] for r in runs) * 1e3, 3),
             decode_tokens_per_s=round(sizes["batch"] / step_s),
-            per_round=[{k: round(v * 1e3, 3) for k, v in r.items()} for r in runs],
+            per_round=[{k: (v if k == "round" else round(v * 1e3, 3)) for k, v in r.items()} for r in runs],
         )
+    # Paired ratios: each round's sdpa run against the same round's run of the variant. The host's
+    # speed drifts between rounds far more than within one, so the median of these ratios is the
+    # steadier comparison (above 1: faster than sdpa).
+    base_runs = {r["round"]: r for r in measured.get("sdpa", [])}
+    for label, row in rows.items():
+        pairs = [(base_runs[r["round"]], r) for r in measured[label] if r["round"] in base_runs]
+        if "error" in row or not pairs or label == "sdpa":
+            continue
+        for key, name in (("prefill_s", "prefill"), ("decode_step_s", "decode")):
+            ratios = sorted(b[key] / r[key] for b, r in pairs)
+            row[f"{name}_vs_sdpa_paired"] = {"median": round(_median(ratios), 4), "min": round(ratios[0], 4),
+                                             "max": round(ratios[-1], 4), "rounds": len(ratios)}
     return {"params": params, "config": {k: getattr(config, k) for k in (
         "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
         "intermediate_size", "vocab_size")}, "big_model_parity": big_parity, "rows": rows}
@@ -325,21 +342,27 @@ def _markdown(result: dict[str, Any]) -> str:
         f"tokens (greedy, all forced). torch {env['torch']}, triton {env['triton']}, transformers "
         f"{env['transformers']}, commit {env['commit']}. Command: `{result['command']}`.",
         "",
-        "| attention | prefill ms (median / min) | prefill tok/s | vs sdpa | decode tok/s | vs sdpa | "
-        "decode ms/step (median / min) | generate s (round 0 / median) | first prefill s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| attention | prefill ms (median / min) | prefill tok/s | vs sdpa | vs sdpa, paired by round (median [min, max]) "
+        "| decode tok/s | vs sdpa | vs sdpa, paired by round (median [min, max]) | decode ms/step (median / min) "
+        "| generate s (round 0 / median) | first prefill s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def paired(row: dict[str, Any], name: str) -> str:
+        p = row.get(f"{name}_vs_sdpa_paired")
+        return f"{p['median']:.3f}x [{p['min']:.3f}, {p['max']:.3f}]" if p else "—"
+
     base = bench["rows"].get("sdpa", {})
     for label, row in bench["rows"].items():
         if "error" in row:
-            lines.append(f"| {label} | — | — | — | — | — | — | — | {row['error']} |")
+            lines.append(f"| {label} | — | — | — | — | — | — | — | — | — | {row['error']} |")
             continue
         vs_prefill = row["prefill_tokens_per_s"] / base["prefill_tokens_per_s"] if "prefill_tokens_per_s" in base else None
         vs_decode = row["decode_tokens_per_s"] / base["decode_tokens_per_s"] if "decode_tokens_per_s" in base else None
         lines.append(
             f"| {label} | {row['prefill_ms']} / {row.get('prefill_ms_min', '—')} | {row['prefill_tokens_per_s']:,} | "
-            f"{f'{vs_prefill:.3f}x' if vs_prefill else '—'} | {row['decode_tokens_per_s']:,} | "
-            f"{f'{vs_decode:.3f}x' if vs_decode else '—'} | {row['decode_ms_per_step']} / "
+            f"{f'{vs_prefill:.3f}x' if vs_prefill else '—'} | {paired(row, 'prefill')} | {row['decode_tokens_per_s']:,} | "
+            f"{f'{vs_decode:.3f}x' if vs_decode else '—'} | {paired(row, 'decode')} | {row['decode_ms_per_step']} / "
             f"{row.get('decode_ms_per_step_min', '—')} | "
             f"{row.get('first_generate_s', '—')} / {row['generate_s']} | {row['first_prefill_s']} |"
         )

@@ -91,7 +91,7 @@ def shipped_kernel():
         return get_bundled_kernel("kernels-community/flash-attn2")
 
 
-PHASES = ("checks", "layers", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "decode", "table")
+PHASES = ("checks", "layers", "launch", "stages", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "decode", "table")
 SKIP: set = set()
 
 
@@ -184,6 +184,8 @@ def main() -> None:
                     tag = "cached" if fast else "triton"
                     row[f"ours_wrapper_{tag}_us"] = per_call_us(lambda: ours(module, q, k, v, None, scaling=d ** -0.5))
                     row[f"ours_func_{tag}_us"] = per_call_us(lambda: kernel.flash_attn_func(qf, kf, vf, causal=True))
+                    row[f"ours_heads_first_{tag}_us"] = per_call_us(
+                        lambda: kernel.flash_attn_decode_heads_first(q, k, v, d ** -0.5, True))
                 set_fast(True)
                 # the decode kernel with one split (one launch, no merge) vs the SM-filling default
                 import importlib
@@ -221,6 +223,120 @@ def main() -> None:
                 row["ours_vs_sdpa_rel_err"] = ((got - ref).norm() / ref.norm()).item()
             rows.append(row)
             log(json.dumps(row))
+        return rows
+    save()
+
+    @phase("launch", "2b host cost of one decode call, piece by piece (tiny shape: the GPU is idle)")
+    def _launch():
+        import cProfile
+        import importlib
+        import inspect
+        import io
+        import pstats
+
+        dec = importlib.import_module(kernel.__name__ + "._triton_decode")
+        module, q, k, v = layer_inputs(1, 64, 32, 8, 64)
+        qf = q.transpose(1, 2)
+        rows: dict = {}
+
+        def host_us(fn, n: int = 2000) -> float:
+            # host time alone: the GPU work per call (a few us) is shorter than the host's
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            best = float("inf")
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                best = min(best, (time.perf_counter() - t) / n * 1e6)
+                torch.cuda.synchronize()
+            return best
+
+        recorded = {}
+        real_split = dec._SPLIT
+
+        def recorder(grid, args, constexprs, num_warps, num_stages):
+            recorded.update(grid=grid, args=args, constexprs=constexprs, w=num_warps, s=num_stages)
+            return real_split(grid, args, constexprs, num_warps, num_stages)
+
+        with torch.no_grad():
+            dec._SPLIT = recorder
+            kernel.flash_attn_decode_heads_first(q, k, v, 0.125, True)
+            dec._SPLIT = real_split
+            g, a, c, w, st = (recorded[x] for x in ("grid", "args", "constexprs", "w", "s"))
+            entry = next(iter(real_split._cache.values()))
+            run, function, metadata, _compiled = entry
+            stream = torch.cuda.current_stream().cuda_stream
+            ptr_pos = [i for i, x in enumerate(a) if isinstance(x, torch.Tensor)]
+            a_ints = tuple(x.data_ptr() if isinstance(x, torch.Tensor) else x for x in a)
+            cases = {
+                "sdpa_wrapper": lambda: sdpa_attention_forward(module, q, k, v, None, scaling=0.125),
+                "sdpa_raw": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                "ours_wrapper": lambda: ours(module, q, k, v, None, scaling=0.125),
+                "ours_heads_first": lambda: kernel.flash_attn_decode_heads_first(q, k, v, 0.125, True),
+                "decode_attention_direct": lambda: dec.decode_attention(
+                    q, k, v, total_lens=None, total_len_uniform=64, capacity=64, block_table=None, batch_idx=None,
+                    leftpad=None, alibi_slopes=None, softmax_scale=0.125, window_left=-1, window_right=0,
+                    softcap=0.0, need_lse=False, heads_first=True),
+                "launcher_call": lambda: real_split(g, a, c, w, st),
+                "compiled_run": lambda: run(g[0], g[1], g[2], stream, function, metadata, None, None, None, *a, *c),
+                "compiled_run_int_pointers": lambda: run(g[0], g[1], g[2], stream, function, metadata, None, None,
+                                                         None, *a_ints, *c),
+                "torch_empty": lambda: torch.empty((1, 1, 32, 64), dtype=torch.bfloat16, device="cuda"),
+                "current_device": torch.cuda.current_device,
+                "empty_kernel_like_torch_zero_": lambda: qf.zero_(),
+            }
+            for name, fn in cases.items():
+                try:
+                    rows[name] = host_us(fn)
+                except Exception as exc:
+                    rows[name] = f"{type(exc).__name__}: {exc}"[:300]
+                log(f"{name}: {rows[name]}")
+            rows["pointer_positions"] = ptr_pos
+            rows["n_args"] = len(a)
+            try:
+                rows["launcher_class_source"] = inspect.getsource(type(run))[:6000]
+            except Exception as exc:
+                rows["launcher_class_source"] = repr(exc)
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(3000):
+                ours(module, q, k, v, None, scaling=0.125)
+            pr.disable()
+            buf = io.StringIO()
+            pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+            rows["cprofile_ours_wrapper"] = buf.getvalue()[-6000:]
+        return rows
+    save()
+
+    @phase("stages", "2c d=64 forward: 3 vs 4 pipeline stages over lengths (alternating, median of 3)")
+    def _stages():
+        import importlib
+
+        fa = A.load_package()
+        fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+        rows = []
+        for b, s_ in ((16, 1024), (8, 2048), (4, 4096), (2, 8192)):
+            q = torch.randn(b, s_, 32, 64, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(b, s_, 8, 64, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(b, s_, 8, 64, device="cuda", dtype=torch.bfloat16)
+            for causal in (True, False):
+                times: dict = {3: [], 4: []}
+                for _ in range(3):
+                    for st in (4, 3):
+                        cfg = (128, 64, 8, st)
+                        times[st].append(A.bench_ms(
+                            lambda: fwd.attention_forward(q, k, v, causal=causal, config=cfg, store_lse=False)))
+                flops = A.fwd_flops(b, 32, s_, s_, 64, causal)
+                row = {"batch": b, "seq": s_, "causal": causal}
+                for st, ms in times.items():
+                    med = sorted(ms)[1]
+                    row[f"stages{st}_ms"] = med
+                    row[f"stages{st}_tflops"] = flops / med / 1e9
+                row["s3_over_s4_speed"] = row["stages4_ms"] / row["stages3_ms"]
+                rows.append(row)
+                log(json.dumps(row))
         return rows
     save()
 

@@ -131,6 +131,17 @@ def test_decode_heads_first_equals_flash_attn_func_on_transposed_views(case):
     assert rel_err(out, ref) < TOL[dtype]
 
 
+def test_decode_reads_any_head_dim_stride():
+    """The decode kernel reads head_dim contiguously; other strides are copied first, not misread."""
+    q = torch.randn(2, 1, 4, 32, 2, dtype=torch.float16)[..., 0]  # stride 2 along head_dim
+    k = torch.randn(2, 19, 2, 32, 3, dtype=torch.float16)[..., 1]
+    v = torch.randn(2, 19, 2, 32, dtype=torch.float16)
+    with torch.no_grad(), poisoned_allocations():
+        out = fa.flash_attn_func(q, k, v, causal=True)
+    ref, _ = reference(q.double(), k.double(), v.double(), causal=True)
+    assert rel_err(out, ref) < TOL[torch.float16]
+
+
 @pytest.mark.parametrize("why, change", [
     ("17 query tokens", lambda q, k, v: (torch.randn(1, 4, 17, 32, dtype=torch.float16), k, v)),
     ("more queries than keys", lambda q, k, v: (torch.randn(1, 4, 8, 32, dtype=torch.float16), k[:, :, :4], v[:, :, :4])),

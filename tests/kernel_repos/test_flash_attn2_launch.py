@@ -34,6 +34,17 @@ def test_integer_classes_never_mix_two_of_tritons_specialisations():
         assert seen.setdefault(ours, theirs) == theirs, (v, ours, theirs)
 
 
+def test_width_classes_of_unspecialised_integers_match_triton():
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    seen: dict = {}
+    for v in [0, 1, 2, 16, 17, -1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**40, 2**63, 2**64 - 1]:
+        theirs = native_specialize_impl(BaseBackend, v, False, False, True)  # do_not_specialize
+        ours = launch.int_spec(v) & 6
+        assert seen.setdefault(ours, theirs) == theirs, (v, ours, theirs)
+
+
 class _Compiled:
     def __init__(self, tag):
         self.tag = tag
@@ -108,6 +119,31 @@ def test_a_new_specialisation_goes_back_to_triton(fake_driver):
     assert jit.slow_calls == 6
     launcher((1, 1, 1), (x[1:], 64 + 32, 2.0), (16,), 4, 2)  # same classes as the second call
     assert jit.slow_calls == 6 and launcher.cached == 6
+
+
+class _FakeJitUnspecialised(_FakeJit):
+    """Plays Triton for a kernel with ``do_not_specialize=["n"]``: n is keyed on its width alone."""
+
+    do_not_specialize = ["n"]
+
+    def _pick(self, args, kwargs):
+        x, n, _scale = args
+        key = (x.data_ptr() % 16 == 0, -(2**31) <= n < 2**31, kwargs["BLOCK"], kwargs["num_warps"])
+        return self.compiled.setdefault(key, _Compiled(key))
+
+
+def test_unspecialised_integers_reuse_one_kernel_until_their_width_changes(fake_driver):
+    jit = _FakeJitUnspecialised()
+    launcher = _launcher(jit)
+    x = torch.zeros(64)
+    for n in (32, 33, 1, 7, 2**31 - 1):  # residues and 1 do not matter to Triton here
+        launcher((1, 1, 1), (x, n, 1.0), (16,), 4, 2)
+    assert jit.slow_calls == 1 and launcher.cached == 1
+    launcher((1, 1, 1), (x, 2**31, 1.0), (16,), 4, 2)  # 64-bit: another kernel
+    launcher((1, 1, 1), (x, 2**31 + 1, 1.0), (16,), 4, 2)
+    assert jit.slow_calls == 2 and launcher.cached == 2
+    (first, wide) = jit.compiled.values()
+    assert [r[10] for r in first.runs] == [33, 1, 7, 2**31 - 1] and [r[10] for r in wide.runs] == [2**31 + 1]
 
 
 def test_launch_hooks_take_tritons_path(fake_driver, monkeypatch):

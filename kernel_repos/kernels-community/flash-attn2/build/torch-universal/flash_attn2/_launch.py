@@ -8,7 +8,8 @@ launcher directly (bench/host_overhead.py measures both).
 
 Correctness rests on the cache key: it holds everything Triton specialises a compiled kernel on:
 each pointer's dtype and 16-byte alignment, each integer's divisibility by 16, equality to 1 and
-width (32/64 bit), the compile-time constants and the launch options, so a launch never reuses a
+width (32/64 bit; the width alone for ``do_not_specialize`` integers, which is cheaper to key),
+the compile-time constants and the launch options, so a launch never reuses a
 kernel compiled under other assumptions. ``FLASH_ATTN2_LAUNCH_CHECK=1`` also asks Triton for its
 own choice on every call and raises if the two ever differ (the GPU check script runs that way).
 
@@ -54,6 +55,13 @@ def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
     return operator.itemgetter(*positions)
 
 
+def _unspecialised_positions(fn: Any) -> frozenset:
+    """Arguments the kernel marks ``do_not_specialize``: Triton keys them on their width alone."""
+    names = list(fn.arg_names)
+    return frozenset(names.index(x) if isinstance(x, str) else int(x)
+                     for x in (getattr(fn, "do_not_specialize", None) or ()))
+
+
 def _constexpr_positions(fn: Any) -> list:
     if getattr(fn, "constexprs", None) is not None:
         return sorted(fn.constexprs)
@@ -97,9 +105,11 @@ class Launcher:
         if constexpr != list(range(len(names) - len(constexpr), len(names))):
             raise ValueError(f"{names}: tl.constexpr parameters must come last for the Launcher")
         self._constexpr_names = tuple(names[i] for i in constexpr)
+        self._unspecialised = _unspecialised_positions(fn)
         self._cache: Dict[tuple, tuple] = {}
         self._ptrs: Callable[[tuple], tuple] | None = None
         self._ints: Callable[[tuple], tuple] = _getter(())
+        self._plain_ints: Callable[[tuple], tuple] = _getter(())
         self._types: Tuple[type, ...] = ()
         self._fast = os.environ.get("TRITON_INTERPRET", "0") != "1" and \
             os.environ.get("FLASH_ATTN2_FAST_LAUNCH", "1") != "0"
@@ -111,7 +121,9 @@ class Launcher:
         types = _slot_types(args)
         self._types = types
         self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
-        self._ints = _getter([i for i, t in enumerate(types) if t is int])
+        plain = self._unspecialised
+        self._ints = _getter([i for i, t in enumerate(types) if t is int and i not in plain])
+        self._plain_ints = _getter([i for i, t in enumerate(types) if t is int and i in plain])
 
     def _key(self, device: int, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
         # Runs on every launch: plain list comprehensions (measured faster than map() over slot
@@ -125,6 +137,10 @@ class Launcher:
             # the residue mod 16 decides divisibility: finer than Triton's split, so one key
             # never covers two of its kernels
             int_key = tuple([i & 15 for i in ints])
+        plain = self._plain_ints(args)
+        width_key = None  # all 32-bit: the common case, one C-level max/min to find it
+        if plain and (max(plain) > _I32_MAX or min(plain) < _I32_MIN):
+            width_key = tuple([int_spec(i) & 6 for i in plain])
         return (
             device,  # a compiled kernel's function handle belongs to one device
             constexprs,
@@ -132,6 +148,7 @@ class Launcher:
             num_stages,
             tuple([(t.dtype, t.data_ptr() & 15 == 0) if t is not None else None for t in self._ptrs(args)]),
             int_key,
+            width_key,
         )
 
     def __call__(self, grid: Tuple[int, int, int], args: tuple, constexprs: tuple,

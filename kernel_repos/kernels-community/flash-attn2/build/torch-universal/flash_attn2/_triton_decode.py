@@ -26,16 +26,30 @@ from ._triton_fwd import next_pow2_dim
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# Every runtime scalar is left unspecialised: the launch cache then keys them on their width
+# alone (bench/results/host-overhead-2026-11-30*: the per-integer key was several us of the
+# host time a decode step pays per layer). What specialisation bought is restored explicitly:
+# head_dim is contiguous (no stride argument), and ALIGNED says every row stride is a multiple of
+# 16 elements, and so is head_dim (all passed divided by 16), which the vectorised loads need.
+_SPLIT_RUNTIME_SCALARS = (
+    "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
+    "stride_vb", "stride_vs", "stride_vh", "stride_btb", "stride_alb",
+    "stride_os", "stride_ob", "stride_oh", "stride_oq", "stride_ls", "stride_lb", "stride_lh", "stride_lq",
+    "seqlen_q", "num_kv_heads", "head_dim", "total_len_uniform",
+    "scale_log2", "softcap", "window_left", "window_right",
+)
+
+
+@triton.jit(do_not_specialize=_SPLIT_RUNTIME_SCALARS)
 def _split_kernel(
     Q, K, V, BLOCK_TABLE, TOTAL_LENS, BATCH_IDX, LEFTPAD, ALIBI,
     O, LSE,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
     stride_btb,
     stride_alb,
-    stride_os, stride_ob, stride_oh, stride_oq, stride_od,
+    stride_os, stride_ob, stride_oh, stride_oq,
     stride_ls, stride_lb, stride_lh, stride_lq,
     seqlen_q, num_kv_heads, head_dim, total_len_uniform,
     scale_log2, softcap, window_left, window_right,
@@ -46,8 +60,25 @@ def _split_kernel(
     HAS_LENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr,
-    FINAL: tl.constexpr, STORE_LSE: tl.constexpr,
+    FINAL: tl.constexpr, STORE_LSE: tl.constexpr, ALIGNED: tl.constexpr,
 ):
+    if ALIGNED:
+        # the row strides came divided by 16: multiplying here is how the compiler learns they
+        # are multiples of 16 (a hint on an argument itself does not reach its alignment analysis)
+        stride_qb *= 16
+        stride_qs *= 16
+        stride_qh *= 16
+        stride_kb *= 16
+        stride_ks *= 16
+        stride_kh *= 16
+        stride_vb *= 16
+        stride_vs *= 16
+        stride_vh *= 16
+        stride_os *= 16
+        stride_ob *= 16
+        stride_oh *= 16
+        stride_oq *= 16
+        head_dim *= 16  # so the head_dim mask is known constant over each 16-element vector
     pid_split = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_bh = tl.program_id(2)
@@ -89,8 +120,7 @@ def _split_kernel(
     start = lo + pid_split * blocks_per_split * BLOCK_N
     end = tl.minimum(hi, start + blocks_per_split * BLOCK_N)
 
-    q_ptrs = (Q + b * stride_qb + q_idx[:, None] * stride_qs + head[:, None] * stride_qh
-              + offs_d[None, :] * stride_qd)
+    q_ptrs = Q + b * stride_qb + q_idx[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     if HAS_BATCH_IDX:
@@ -116,7 +146,7 @@ def _split_kernel(
             k_row = cache_b * stride_kb + pos.to(tl.int64) * stride_ks
             v_row = cache_b * stride_vb + pos.to(tl.int64) * stride_vs
         kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :] * stride_kd,
+        k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k))
         if HAS_SOFTCAP:
@@ -141,7 +171,7 @@ def _split_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + hk * stride_vh + v_row[:, None] + offs_d[None, :] * stride_vd,
+        v = tl.load(V + hk * stride_vh + v_row[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -156,7 +186,7 @@ def _split_kernel(
     else:
         lse = tl.where(has_keys, lse, float("-inf"))
     o_ptrs = (O + pid_split * stride_os + b * stride_ob + head[:, None] * stride_oh
-              + q_idx[:, None] * stride_oq + offs_d[None, :] * stride_od)
+              + q_idx[:, None] * stride_oq + offs_d[None, :])
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
     if STORE_LSE:
         l_ptrs = LSE + pid_split * stride_ls + b * stride_lb + head * stride_lh + q_idx * stride_lq
@@ -308,17 +338,22 @@ def decode_attention(
     written and None is returned in its place. Raises nothing itself: the caller checks shapes
     and dtypes.
     """
+    sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
+    if sq[3] != 1 or sk[3] != 1 or sv[3] != 1:  # the kernel reads head_dim contiguously: copy the rare rest
+        q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+        sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
     if heads_first:  # [B, H, S, D] views: read them through permuted strides, no transposed views
         batch, num_heads, seqlen_q, head_dim = q.shape
         num_kv_heads = k_cache.shape[1]
-        sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
-        q_strides = (sq[0], sq[2], sq[1], sq[3])
-        k_strides = (sk[0], sk[2], sk[1], sk[3])
-        v_strides = (sv[0], sv[2], sv[1], sv[3])
+        qb, qh, qs = sq[0], sq[1], sq[2]
+        kb, kh, ks = sk[0], sk[1], sk[2]
+        vb, vh, vs = sv[0], sv[1], sv[2]
     else:
         batch, seqlen_q, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
-        q_strides, k_strides, v_strides = q.stride(), k_cache.stride(), v_cache.stride()
+        qb, qs, qh = sq[0], sq[1], sq[2]
+        kb, ks, kh = sk[0], sk[1], sk[2]
+        vb, vs, vh = sv[0], sv[1], sv[2]
     group = num_heads // num_kv_heads
     device = q.device
     out = _alloc((batch, seqlen_q, num_heads, head_dim), q.dtype, device)
@@ -333,42 +368,48 @@ def decode_attention(
     programs = batch * num_kv_heads * m_blocks
     splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, device,
                                                                   block_n)
-    so = out.stride()
-    if splits == 1:
+    if seqlen_q == 1:
+        qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
+    # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
+    # The output strides are multiples of head_dim, so head_dim stands for them in the test.
+    aligned = not ((qb | qs | qh | kb | ks | kh | vb | vs | vh | head_dim) & 15)
+    unit = 16 if aligned else 1
+    hd = head_dim // unit
+    if splits == 1:  # straight into out [B, Sq, Hq, D] (contiguous) and lse [B, Hq, Sq]
         o_target, l_target = out, lse
-        o_strides = (0, so[0], so[2], so[1], so[3])
-        l_strides = (0,) + lse.stride() if need_lse else (0, 0, 0, 0)
-    else:
+        o_strides = (0, seqlen_q * num_heads * hd, hd, num_heads * hd)
+        l_strides = (0, num_heads * seqlen_q, seqlen_q, 1)
+    else:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged below
         o_target = _alloc((splits, batch, num_heads, seqlen_q, head_dim), torch.float32, device)
         l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
-        o_strides = o_target.stride()
-        l_strides = l_target.stride()
-    block_d = next_pow2_dim(head_dim)
+        o_strides = (batch * num_heads * seqlen_q * hd, num_heads * seqlen_q * hd, seqlen_q * hd, hd)
+        l_strides = (batch * num_heads * seqlen_q, num_heads * seqlen_q, seqlen_q, 1)
     _SPLIT(
         (splits, m_blocks, batch * num_kv_heads),
         (
             # absent optional pointers stay None: compile-time constants the launch skips
             q, k_cache, v_cache, block_table, total_lens, batch_idx, leftpad, alibi_slopes,
             o_target, l_target,
-            *q_strides, *k_strides, *v_strides,
+            qb // unit, qs // unit, qh // unit, kb // unit, ks // unit, kh // unit,
+            vb // unit, vs // unit, vh // unit,
             block_table.stride(0) if block_table is not None else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
             *o_strides, *l_strides,
-            seqlen_q, num_kv_heads, head_dim, total_len_uniform,
+            seqlen_q, num_kv_heads, hd, total_len_uniform,
             softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, block_d, k_cache.shape[1] if block_table is not None else 0, splits,
-         total_lens is not None, batch_idx is not None, leftpad is not None,
+        (group, block_m, block_n, next_pow2_dim(head_dim), k_cache.shape[1] if block_table is not None else 0,
+         splits, total_lens is not None, batch_idx is not None, leftpad is not None,
          alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
-         need_lse or splits > 1),
+         need_lse or splits > 1, aligned),
         num_warps, num_stages,
     )
     if splits > 1:
         _COMBINE(
             (batch * num_heads * seqlen_q, 1, 1),
-            (o_target, l_target, out, lse, *o_target.stride(), *l_target.stride(), *so,
+            (o_target, l_target, out, lse, *o_target.stride(), *l_target.stride(), *out.stride(),
              *(lse.stride() if need_lse else (0, 0, 0)), num_heads, seqlen_q, head_dim),
-            (splits, max(2, 1 << (splits - 1).bit_length()), block_d, need_lse),
+            (splits, max(2, 1 << (splits - 1).bit_length()), next_pow2_dim(head_dim), need_lse),
             1 if device.type != "cuda" else 4, 3,  # Triton's default stage count
         )
     return out, lse
