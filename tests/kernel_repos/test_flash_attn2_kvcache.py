@@ -375,14 +375,15 @@ def test_bf16_on_the_torch_path(monkeypatch):
     assert _rel_err(out.float(), want.double()) < 2e-2
 
 
-def test_split_count_fills_the_gpu_for_long_contexts_and_keeps_one_launch_for_short_ones(monkeypatch):
+def test_split_count_fills_the_gpu_for_long_contexts_and_keeps_one_launch_for_short_ones():
     dec = _load("_triton_decode")
-    gpu = torch.device("cuda", 0)
-    monkeypatch.setitem(dec._SMS, gpu, 132)  # an H200's SM count, without a GPU
+    sms = 132  # an H200's SM count
     # batch 8 x 8 kv heads (64 programs) over 2.3k keys: one split
-    assert dec.choose_num_splits(64, 2304, gpu, 128) == 1
+    assert dec.choose_num_splits(64, 2304, sms, True, 128) == 1
     # the same programs over 32k keys, or a single row: split to fill the SMs
-    assert dec.choose_num_splits(64, 32768, gpu, 128) > 1
-    assert dec.choose_num_splits(8, 2304, gpu, 128) > 1
+    assert dec.choose_num_splits(64, 32768, sms, True, 128) > 1
+    assert dec.choose_num_splits(8, 2304, sms, True, 128) > 1
     # enough programs for every SM: never split
-    assert dec.choose_num_splits(3 * 132, 32768, gpu, 128) == 1
+    assert dec.choose_num_splits(3 * 132, 32768, sms, True, 128) == 1
+    # the interpreter's pretend GPU keeps splitting short contexts, so the CPU tests cover merging
+    assert dec.choose_num_splits(6, 70, 4, False, 16) > 1

@@ -19,7 +19,9 @@ Config = Tuple[int, int, int, int]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward kernel.
 _FWD_SM90: Dict[int, Config] = {  # H100/H200; measured on an H200 (bench/NOTES-attention.md)
     32: (128, 64, 8, 4),
-    64: (128, 64, 8, 4),
+    # d=64: 3 stages at or above 4 on every row of bench/results/host-overhead-2026-11-30-call3.json
+    # (GQA 32/8, 1k-8k tokens, causal and not: 1.00-1.04x)
+    64: (128, 64, 8, 3),
     128: (128, 64, 8, 3),
     256: (128, 64, 8, 2),
 }

@@ -234,33 +234,19 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_SMS: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        if device not in _SMS:  # a device-properties query on every decode step is host time
-            _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-        return _SMS[device]
-    # Under the interpreter: a small pretend GPU, so the CPU tests exercise several splits.
-    return 4
-
-
 SHORT_CONTEXT = 4096
 
 
-def choose_num_splits(programs: int, capacity: int, device: torch.device,
-                      block_n: int) -> int:
+def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, block_n: int) -> int:
     """How many key slices per row: enough programs for a few per SM, never slices under ~2 blocks.
 
     Chosen from the cache capacity rather than the actual lengths, so no host sync is needed;
     slices past a row's length end at once.
     """
-    sms = _num_sms(device)
     target = 3 * sms
     if programs >= target:
         return 1
-    if device.type == "cuda" and capacity <= SHORT_CONTEXT and 3 * programs >= sms:
+    if on_gpu and capacity <= SHORT_CONTEXT and 3 * programs >= sms:
         # Short contexts over a third of the SMs or more: one split. More would save a few us of
         # GPU time but cost a second launch and the partial buffers on the host, which paces eager
         # decoding. H200, batch 8 x 2304 keys x 8 kv heads, d=64: 23 vs 17 us of GPU time, 34 vs
@@ -271,23 +257,30 @@ def choose_num_splits(programs: int, capacity: int, device: torch.device,
     return max(1, min(by_fill, by_length, 64))
 
 
-def _config(head_dim: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages) for this head dim and device.
+_SETUP: dict = {}
 
-    Measured on an H200 (bench/results/decode-2026-11-29*.json, d=128, 32k context): 64 keys x
-    4 stages read 4.4 TB/s contiguous and paged; 3 stages or 128 keys were as fast on one
+
+def _device_setup(head_dim: int, device: torch.device) -> tuple:
+    """(BLOCK_N, num_warps, num_stages, BLOCK_D, SM count, on a GPU) for head_dim on device.
+
+    Computed once per (head_dim, device): device queries on every decode step are host time.
+    Configs measured on an H200 (bench/results/decode-2026-11-29*.json, d=128, 32k context): 64
+    keys x 4 stages read 4.4 TB/s contiguous and paged; 3 stages or 128 keys were as fast on one
     layout but fell to 3.6-3.8 TB/s on the other. Deep pipelines need the 164-228 KB of shared
-    memory of sm80/sm90; other GPUs (about 100 KB) get 2 stages.
+    memory of sm80/sm90; other GPUs (about 100 KB) get 2 stages. Under the interpreter: small
+    tiles and a pretend GPU of 4 SMs, so the CPU tests exercise several splits.
     """
-    if device.type != "cuda":
-        return 16, 1, 1
     key = (head_dim, device)
-    if key not in _CONFIGS:  # looked up on every decode step: computed once per device
-        _CONFIGS[key] = _config_for(head_dim, _capability(device) in ((8, 0), (9, 0)))
-    return _CONFIGS[key]
-
-
-_CONFIGS: dict = {}
+    setup = _SETUP.get(key)
+    if setup is None:
+        if device.type == "cuda":
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            config = _config_for(head_dim, _capability(device) in ((8, 0), (9, 0)))
+            setup = config + (next_pow2_dim(head_dim), sms, True)
+        else:
+            setup = (16, 1, 1, next_pow2_dim(head_dim), 4, False)
+        _SETUP[key] = setup
+    return setup
 
 
 def _config_for(head_dim: int, big_smem: bool) -> tuple[int, int, int]:
@@ -360,14 +353,16 @@ def decode_attention(
     lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device) if need_lse else None
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    block_n, num_warps, num_stages = config or _config(head_dim, device)
+    block_n, num_warps, num_stages, block_d, sms, on_gpu = _SETUP.get((head_dim, device)) or \
+        _device_setup(head_dim, device)
+    if config is not None:
+        block_n, num_warps, num_stages = config
     rows = group * seqlen_q
     if block_m is None:
         block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
-    splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, device,
-                                                                  block_n)
+    splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, sms, on_gpu, block_n)
     if seqlen_q == 1:
         qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
     # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
@@ -398,7 +393,7 @@ def decode_attention(
             seqlen_q, num_kv_heads, hd, total_len_uniform,
             softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, next_pow2_dim(head_dim), k_cache.shape[1] if block_table is not None else 0,
+        (group, block_m, block_n, block_d, k_cache.shape[1] if block_table is not None else 0,
          splits, total_lens is not None, batch_idx is not None, leftpad is not None,
          alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
          need_lse or splits > 1, aligned),
@@ -409,7 +404,7 @@ def decode_attention(
             (batch * num_heads * seqlen_q, 1, 1),
             (o_target, l_target, out, lse, *o_target.stride(), *l_target.stride(), *out.stride(),
              *(lse.stride() if need_lse else (0, 0, 0)), num_heads, seqlen_q, head_dim),
-            (splits, max(2, 1 << (splits - 1).bit_length()), next_pow2_dim(head_dim), need_lse),
+            (splits, max(2, 1 << (splits - 1).bit_length()), block_d, need_lse),
             1 if device.type != "cuda" else 4, 3,  # Triton's default stage count
         )
     return out, lse
