@@ -91,7 +91,7 @@ def shipped_kernel():
         return get_bundled_kernel("kernels-community/flash-attn2")
 
 
-PHASES = ("checks", "layers", "launch", "stages", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "decode", "table")
+PHASES = ("checks", "layers", "launch", "stages", "packed", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "decode", "table")
 SKIP: set = set()
 
 
@@ -374,6 +374,48 @@ def main() -> None:
                 row["s3_over_s4_speed"] = row["stages4_ms"] / row["stages3_ms"]
                 rows.append(row)
                 log(json.dumps(row))
+        return rows
+    save()
+
+    @phase("packed", "2d prefill shape: the decode kernel's GQA-packed tiles (rows = query x head) vs the forward")
+    def _packed():
+        import importlib
+
+        fa = A.load_package()
+        fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+        dec = importlib.import_module(fa.__name__ + "._triton_decode")
+        b, s_, hq, hk, d = 8, 2048, 32, 8, 64
+        q = torch.randn(b, s_, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
+        flops = A.fwd_flops(b, hq, s_, s_, d, True)
+        ref = fwd.attention_forward(q, k, v, causal=True, store_lse=False)[0].float()
+        rows = []
+
+        def record(name, fn):
+            try:
+                err = ((fn()[0].float() - ref).norm() / ref.norm()).item()
+                ms = sorted(A.bench_ms(fn) for _ in range(3))[1]
+                rows.append({"name": name, "ms": ms, "tflops": flops / ms / 1e9, "rel_diff_vs_fwd": err})
+            except Exception as exc:
+                rows.append({"name": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            log(json.dumps(rows[-1]))
+
+        record("fwd shipped", lambda: fwd.attention_forward(q, k, v, causal=True, store_lse=False))
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        record("sdpa default", lambda: (torch.nn.functional.scaled_dot_product_attention(
+            qt, kt, vt, is_causal=True, enable_gqa=True).transpose(1, 2),))
+        for block_m in (64, 128, 256):
+            for block_n in (64, 128):
+                for warps in (4, 8):
+                    for stages in (2, 3):
+                        if block_m * block_n >= 256 * 128 and warps == 4:
+                            continue
+                        record(f"packed m{block_m} n{block_n} w{warps} s{stages}", lambda: dec.decode_attention(
+                            q, k, v, total_lens=None, total_len_uniform=s_, capacity=s_, block_table=None,
+                            batch_idx=None, leftpad=None, alibi_slopes=None, softmax_scale=d ** -0.5,
+                            window_left=-1, window_right=0, softcap=0.0, num_splits=1, block_m=block_m,
+                            config=(block_n, warps, stages), need_lse=False))
         return rows
     save()
 
