@@ -91,7 +91,7 @@ def shipped_kernel():
         return get_bundled_kernel("kernels-community/flash-attn2")
 
 
-PHASES = ("checks", "layers", "launch", "stages", "packed", "short", "profile", "sweep", "e2e-profile", "e2e-host", "e2e", "decode", "table")
+PHASES = ("checks", "layers", "launch", "stages", "packed", "short", "profile", "sweep", "e2e-profile", "inmodel", "e2e-host", "e2e", "decode", "table")
 SKIP: set = set()
 
 
@@ -609,6 +609,62 @@ def main() -> None:
                 del step, res
         (out / "e2e_profile.txt").write_text("\n\n".join(texts))
         return {"rows": rows, "written": "e2e_profile.txt"}
+    save()
+
+    @phase("inmodel", "5a' the prefill attention inputs as the model makes them: strides, ours vs sdpa on them")
+    def _inmodel():
+        import importlib
+
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward as sdpa_fwd
+
+        m = big_model()
+        model, ids, mask = m["model"], m["ids"], m["mask"]
+        seen: dict = {}
+
+        def recording(module, query, key, value, attention_mask, **kwargs):
+            if "q" not in seen:
+                seen.update(q=query, k=key, v=value)
+            return sdpa_fwd(module, query, key, value, attention_mask, **kwargs)
+
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+        AttentionInterface.register("recording_sdpa", recording)
+        AttentionMaskInterface.register("recording_sdpa", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+        model.set_attn_implementation("recording_sdpa")
+        with torch.no_grad():
+            model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        model.set_attn_implementation("sdpa")
+        q, k, v = seen["q"], seen["k"], seen["v"]
+        fa = A.load_package()
+        fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+        row = {name: {"shape": list(t.shape), "stride": list(t.stride()), "contiguous": t.is_contiguous()}
+               for name, t in (("q", q), ("k", k), ("v", v))}
+        b, hq, s_, d = q.shape
+        flops = A.fwd_flops(b, hq, s_, s_, d, True)
+        variants = {
+            "as in the model": (q, k, v),
+            "all [B,S,H,D] memory": tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)),
+            "all [B,H,S,D] contiguous": tuple(t.contiguous() for t in (q, k, v)),
+        }
+        for label, (qq, kk, vv) in variants.items():
+            qf, kf, vf = (t.transpose(1, 2) for t in (qq, kk, vv))
+            configs = [(128, 64, 8, 3), (128, 64, 8, 4)]
+            if label == "as in the model":
+                configs += [(128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)]
+            times: dict = {f"ours {c}": [] for c in configs}
+            times["sdpa"] = []
+            for _ in range(3):
+                for c in configs:
+                    times[f"ours {c}"].append(A.bench_ms(lambda: fwd.attention_forward(
+                        qf, kf, vf, causal=True, config=c, store_lse=False)))
+                times["sdpa"].append(A.bench_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    qq, kk, vv, is_causal=True, enable_gqa=True)))
+            row[label] = {name: {"ms": sorted(ts)[1], "tflops": flops / sorted(ts)[1] / 1e9}
+                          for name, ts in times.items()}
+            log(f"{label}: {json.dumps(row[label])}")
+        log(json.dumps({n: row[n] for n in ("q", "k", "v")}))
+        return row
     save()
 
     @phase("e2e-host", "5b end to end: host time per decode step, by function (cProfile) and in situ")
