@@ -161,6 +161,14 @@ def main() -> None:
 
     ours = flash_mod.make_flash_attention(kernel)
 
+    def prefill_inputs():
+        """The 1.24B Llama's prefill attention shape: 8 x 2048, GQA 32/8, d=64, bf16, [B, S, H, D]."""
+        b, s_, hq, hk, d = 8, 2048, 32, 8, 64
+        q = torch.randn(b, s_, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
+        return b, s_, hq, hk, d, q, k, v, A.fwd_flops(b, hq, s_, s_, d, True)
+
     def layer_inputs(batch, ctx, hq, hk, d):
         q = torch.randn(batch, hq, 1, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.bfloat16)
@@ -384,11 +392,7 @@ def main() -> None:
         fa = A.load_package()
         fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
         dec = importlib.import_module(fa.__name__ + "._triton_decode")
-        b, s_, hq, hk, d = 8, 2048, 32, 8, 64
-        q = torch.randn(b, s_, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
-        flops = A.fwd_flops(b, hq, s_, s_, d, True)
+        b, s_, hq, hk, d, q, k, v, flops = prefill_inputs()
         ref = fwd.attention_forward(q, k, v, causal=True, store_lse=False)[0].float()
         rows = []
 
@@ -499,11 +503,7 @@ def main() -> None:
             fa = A.load_package()
             fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
             configs = importlib.import_module(fa.__name__ + "._configs")
-            b, s_, hq, hk, d = 8, 2048, 32, 8, 64
-            q = torch.randn(b, s_, hq, d, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(b, s_, hk, d, device="cuda", dtype=torch.bfloat16)
-            flops = A.fwd_flops(b, hq, s_, s_, d, True)
+            b, s_, hq, hk, d, q, k, v, flops = prefill_inputs()
             shipped = configs.pick("fwd", (9, 0), 64)
             ref = fwd.attention_forward(q, k, v, causal=True, config=shipped, store_lse=False)[0].float()
             rows = []

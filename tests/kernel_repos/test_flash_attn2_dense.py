@@ -156,6 +156,8 @@ def test_decode_heads_first_declines_what_it_does_not_serve(why, change):
     k = torch.randn(1, 2, 20, 32, dtype=torch.float16)
     v = torch.randn(1, 2, 20, 32, dtype=torch.float16)
     assert fa.flash_attn_decode_heads_first(*change(q, k, v), None, True) is None, why
+    # the unchanged call is served (None as softcap means none)
+    assert fa.flash_attn_decode_heads_first(q, k, v, None, True, (-1, -1), None).shape == (1, 1, 4, 32)
 
 
 def test_inference_without_lse_returns_the_same_output():

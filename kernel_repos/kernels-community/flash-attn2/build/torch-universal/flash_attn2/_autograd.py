@@ -127,6 +127,7 @@ def decode_heads_first(
     # Why a second entry: in eager decoding every layer pays the host cost of this call, and the
     # three transposed views flash-attn's layout needs cost more than the rest of the checks.
     qs, ks = q.shape, k.shape
+    softcap = 0.0 if softcap is None else softcap
     if not (len(qs) == 4 and len(ks) == 4 and ks == v.shape and qs[0] == ks[0] and qs[3] == ks[3]
             and ks[1] > 0 and qs[1] % ks[1] == 0 and 0 < qs[2] <= DECODE_MAX_QUERY and qs[2] <= ks[2]
             and 1 <= qs[3] <= _validate.MAX_HEAD_DIM and q.dtype == k.dtype == v.dtype
