@@ -85,6 +85,13 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
 _attention_forward = None
 _decode_attention = None
 
+
+def _load_decode():
+    global _decode_attention
+    from ._triton_decode import decode_attention as _decode_attention  # Triton on first use only
+
+    return _decode_attention
+
 # Dense inference calls with at most this many query tokens per row take the split-K decode
 # kernel: one program serves every query head of a KV head (GQA reads K/V once, not once per query
 # head) and long contexts are split over the SMs. The general forward would give each query head
@@ -94,12 +101,10 @@ DECODE_MAX_QUERY = 16
 
 
 def _decode(q, k, v, alibi_slopes, softmax_scale, causal, window_size, softcap, need_lse):
-    global _decode_attention
-    if _decode_attention is None:
-        from ._triton_decode import decode_attention as _decode_attention
+    decode_attention = _decode_attention or _load_decode()
 
     seqlen_k = k.shape[1]
-    return _decode_attention(
+    return decode_attention(
         q, k, v, total_lens=None, total_len_uniform=seqlen_k, capacity=seqlen_k, block_table=None,
         batch_idx=None, leftpad=None,
         alibi_slopes=alibi_slopes.contiguous() if alibi_slopes is not None else None,
@@ -139,11 +144,9 @@ def decode_heads_first(
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
-    global _decode_attention
-    if _decode_attention is None:
-        from ._triton_decode import decode_attention as _decode_attention
+    decode_attention = _decode_attention or _load_decode()
     seqlen_k = ks[2]
-    return _decode_attention(
+    return decode_attention(
         q, k, v, total_lens=None, total_len_uniform=seqlen_k, capacity=seqlen_k, block_table=None,
         batch_idx=None, leftpad=None, alibi_slopes=None,
         softmax_scale=float(softmax_scale) if softmax_scale is not None else qs[3] ** -0.5,
