@@ -239,6 +239,36 @@ def test_empty_key_rows_give_zero_and_inf_lse():
     assert torch.isinf(lse[0, :, :5]).all() and torch.isfinite(lse[0, :, 5:]).all()
 
 
+@pytest.mark.parametrize("order", ["in_order", "per_head", "heavy_first"])
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(window_size=(5, 3)), dict(window_size=(4, -1))],
+                         ids=["causal", "window", "left-window"])
+def test_every_launch_order_computes_every_row_block_of_every_head(order, opts):
+    """The order only decides which programs start first: each writes its own rows."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    q = torch.randn(3, 53, 4, 32, dtype=torch.float16)  # 4 row blocks of 16 under the interpreter
+    k, v = (torch.randn(3, 47, 2, 32, dtype=torch.float16) for _ in range(2))
+    with poisoned_allocations():
+        out, lse = fwd.attention_forward(q, k, v, softmax_scale=32 ** -0.5, row_order=order,
+                                         causal=opts.get("causal", False),
+                                         window_size=opts.get("window_size", (-1, -1)))
+    ref_out, ref_lse = reference(q.double(), k.double(), v.double(), **opts)
+    assert rel_err(out, ref_out) < TOL[torch.float16]
+    assert lse_err(lse, ref_lse) < LSE_TOL[torch.float16]
+
+
+def test_launch_order_rule():
+    """Right-bounded rows start heaviest-first across all heads, unless grid.y cannot hold them."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    assert fwd._row_order(False, 16) == fwd._ORDERS["in_order"]
+    assert fwd._row_order(True, 16) == fwd._ORDERS["heavy_first"]
+    assert fwd._row_order(True, 65535) == fwd._ORDERS["heavy_first"]
+    assert fwd._row_order(True, 65536) == fwd._ORDERS["per_head"]
+
+
 @pytest.mark.parametrize(
     "make, exc, words",
     [

@@ -37,6 +37,19 @@ from ._launch import Launcher
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
+# Launch orders of the (row block, batch row * head) programs. Under a causal (or right-window)
+# mask a row block's cost grows with its index, so the order decides how ragged the last wave
+# is. HEAVY_FIRST starts the last row block of every head, then the one before, and so on
+# (longest-job-first: the tail is made of the cheapest blocks); PER_HEAD reverses the row blocks
+# inside each head only, which leaves heavy blocks of the last heads for the end; IN_ORDER is for
+# unmasked rows, where every block costs the same and neighbours share K/V in L2.
+ORDER_IN_ORDER: tl.constexpr = tl.constexpr(0)
+ORDER_PER_HEAD: tl.constexpr = tl.constexpr(1)
+ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(2)
+_ORDERS = {"in_order": 0, "per_head": 1, "heavy_first": 2}
+# CUDA's limit on grid.y, where HEAVY_FIRST puts the row blocks.
+_MAX_GRID_Y = 65535
+
 
 @triton.jit
 def _tanh(x):
@@ -191,14 +204,20 @@ def _fwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-    REVERSE: tl.constexpr, STORE_LSE: tl.constexpr,
+    ORDER: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    if REVERSE:
-        # Causal rows near the end do the most work: start them first for a balanced tail.
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+    # ORDER picks which program the GPU starts first (it dispatches in grid order, x fastest);
+    # see ``_row_order`` on the host.
+    if ORDER == ORDER_HEAVY_FIRST:
+        pid_bh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    elif ORDER == ORDER_PER_HEAD:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_q
     h = pid_bh % n_heads_q
     hk = h // group
@@ -327,6 +346,18 @@ def next_pow2_dim(d: int) -> int:
     return max(16, 1 << (int(d) - 1).bit_length())
 
 
+def _row_order(masked_right: bool, row_blocks: int) -> int:
+    """The launch order (an ``ORDER_*`` value) for a call.
+
+    Rows bounded on the right (causal or a right window) take HEAVY_FIRST (bench/prefill_order.py
+    compares the orders). HEAVY_FIRST puts the row blocks on grid.y, so a sequence with more
+    blocks than CUDA allows there (over 8M tokens at 128-row blocks) keeps PER_HEAD.
+    """
+    if not masked_right:
+        return 0
+    return 2 if row_blocks <= _MAX_GRID_Y else 1
+
+
 def attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -347,12 +378,15 @@ def attention_forward(
     out: Optional[torch.Tensor] = None,
     config: Optional[Tuple[int, int, int, int]] = None,
     store_lse: bool = True,
+    row_order: Optional[str] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``.
 
     ``store_lse=False`` (inference callers that drop it) skips the lse buffer: lse is None.
 
-    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table (benchmarks).
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table, and
+    ``row_order`` ("in_order", "per_head", "heavy_first") the launch order (benchmarks; the
+    default is :func:`_row_order`'s choice).
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
@@ -399,11 +433,14 @@ def attention_forward(
         float(dropout_p), int(seed), sq_max, sk_max,
     )
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
-             alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim, right >= 0, store_lse)
+             alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
 
     def launch(cfg):
         bm_, bn_, w_, s_ = cfg
-        _FWD(((sq_max + bm_ - 1) // bm_, batch * hq, 1), args, flags + (bm_, bn_, block_d), w_, s_)
+        blocks = (sq_max + bm_ - 1) // bm_
+        order = _row_order(right >= 0, blocks) if row_order is None else _ORDERS[row_order]
+        grid = (batch * hq, blocks, 1) if order == 2 else (blocks, batch * hq, 1)
+        _FWD(grid, args, flags + (order, store_lse, bm_, bn_, block_d), w_, s_)
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
     launch(_configs.choose("fwd", cap, block_d, shape_class, config,
