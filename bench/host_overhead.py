@@ -91,7 +91,7 @@ def shipped_kernel():
         return get_bundled_kernel("kernels-community/flash-attn2")
 
 
-PHASES = ("checks", "layers", "launch", "stages", "packed", "short", "profile", "sweep", "e2e-profile", "inmodel", "e2e-host", "e2e", "decode", "table")
+PHASES = ("checks", "layers", "launch", "stages", "packed", "short", "profile", "sweep", "e2e-profile", "prefill-diff", "inmodel", "e2e-host", "e2e", "decode", "table")
 SKIP: set = set()
 
 
@@ -609,6 +609,77 @@ def main() -> None:
                 del step, res
         (out / "e2e_profile.txt").write_text("\n\n".join(texts))
         return {"rows": rows, "written": "e2e_profile.txt"}
+    save()
+
+    @phase("prefill-diff", "5a'' prefill 8x2048: GPU time by kernel, ours vs sdpa, and the idle time between kernels")
+    def _prefill_diff():
+        """Where the e2e prefill gap goes: each kernel name's device time summed over a prefill
+        (mean of 3 profiled prefills per implementation, alternating), the GPU's busy time
+        (union of kernel intervals) against the prefill's span, and unprofiled wall medians."""
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        m = big_model()
+        model, ids, mask = m["model"], m["ids"], m["mask"]
+        impls = ("sdpa", m["kernel_id"])
+        per_kernel = {impl: {} for impl in impls}
+        busy = {impl: [] for impl in impls}
+        span = {impl: [] for impl in impls}
+        wall = {impl: [] for impl in impls}
+
+        def prefill():
+            return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
+        with torch.no_grad():
+            for impl in impls:
+                model.set_attn_implementation(impl)
+                for _ in range(2):
+                    prefill()
+            torch.cuda.synchronize()
+            for _ in range(3):
+                for impl in impls:
+                    model.set_attn_implementation(impl)
+                    prefill()
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                        prefill()
+                        torch.cuda.synchronize()
+                    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+                    intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+                    total, cur_s, cur_e = 0.0, None, None
+                    for a, b_ in intervals:
+                        if cur_e is None or a > cur_e:
+                            if cur_e is not None:
+                                total += cur_e - cur_s
+                            cur_s, cur_e = a, b_
+                        else:
+                            cur_e = max(cur_e, b_)
+                    if cur_e is not None:
+                        total += cur_e - cur_s
+                    busy[impl].append(total)
+                    span[impl].append(intervals[-1][1] - intervals[0][0] if intervals else 0.0)
+                    for e in kernels:
+                        per_kernel[impl][e.name] = per_kernel[impl].get(e.name, 0.0) + (e.time_range.end - e.time_range.start) / 3
+                    for _ in range(3):
+                        torch.cuda.synchronize()
+                        t = time.perf_counter()
+                        prefill()
+                        torch.cuda.synchronize()
+                        wall[impl].append((time.perf_counter() - t) * 1e6)
+        names = set(per_kernel[impls[0]]) | set(per_kernel[impls[1]])
+        diff = sorted(((per_kernel[impls[1]].get(n, 0.0) - per_kernel[impls[0]].get(n, 0.0), n) for n in names),
+                      key=lambda x: -abs(x[0]))
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        summary = {impl: {"kernel_sum_us": round(sum(per_kernel[impl].values()), 1),
+                          "busy_us": round(med(busy[impl]), 1), "span_us": round(med(span[impl]), 1),
+                          "wall_us_median": round(med(wall[impl]), 1)} for impl in impls}
+        rows = [{"kernel": n[:120], "ours_minus_sdpa_us": round(d, 1),
+                 "sdpa_us": round(per_kernel[impls[0]].get(n, 0.0), 1),
+                 "ours_us": round(per_kernel[impls[1]].get(n, 0.0), 1)} for d, n in diff[:25]]
+        log(json.dumps(summary))
+        for r in rows[:15]:
+            log(f"  {r['ours_minus_sdpa_us']:9.1f}  sdpa {r['sdpa_us']:9.1f}  ours {r['ours_us']:9.1f}  {r['kernel']}")
+        return {"summary": summary, "by_kernel": rows}
     save()
 
     @phase("inmodel", "5a' the prefill attention inputs as the model makes them: strides, ours vs sdpa on them")

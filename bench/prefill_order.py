@@ -12,7 +12,10 @@ SMs x 2 programs) puts the per_head tail ~7 % above the ideal and heavy_first wi
 What it measures, interleaved (every round times each contender once, in rotating order; medians
 over rounds): our forward with each order, and SDPA's default backend on the transposed views of
 the same tensors (cuDNN on the H200), for several causal shapes, plus one non-causal control and
-a sliding-window row. At the e2e shape it also times heavy_first with a few other tile configs.
+a sliding-window row. heavy_first runs with the kernel's L2 budget for its head chunks, without
+chunks, and with half the budget. (The first run of this script, 2026-11-30, also timed other
+tile configs with heavy_first at 8 x 2048 d=64: 128x128 and 256-row tiles were 0.61-0.75x of
+SDPA against 0.94x for the shipped 128x64; see bench/results/prefill-order-2026-11-30.md.)
 Outputs of the orders must be bitwise equal (each program writes its own rows); the run fails
 otherwise. Writes OUT_DIR/prefill-order.json and prints a table.
 """
@@ -46,8 +49,8 @@ SHAPES = [
     (8, 2048, 32, 8, 64, False, -1),    # control: unmasked rows keep in_order
     (2, 8192, 32, 8, 64, True, 1024),   # sliding window (Mistral-style): no SDPA equivalent
 ]
-EXTRA_CONFIGS = [(128, 128, 8, 2), (128, 128, 8, 3), (256, 64, 16, 2), (256, 64, 16, 3), (256, 128, 16, 2)]
 ROUNDS = 11
+DEFAULT_BUDGET = 32 << 20  # replaced by the kernel's own default at start
 CALLS = 10
 
 
@@ -71,6 +74,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     pkg = A.load_package()
     fwd = importlib.import_module(pkg.__name__ + "._triton_fwd")
+    global DEFAULT_BUDGET
+    DEFAULT_BUDGET = fwd.L2_BUDGET_BYTES
     import triton
 
     result = {
@@ -89,33 +94,38 @@ def main() -> None:
         window = (left, 0 if causal else -1)
         scale = d ** -0.5
 
-        def ours(order, cfg=None):
-            return lambda: fwd.attention_forward(q, k, v, softmax_scale=scale, causal=causal,
+        def ours(order, cfg=None, budget=DEFAULT_BUDGET):
+            def run():
+                fwd.L2_BUDGET_BYTES = budget
+                try:
+                    return fwd.attention_forward(q, k, v, softmax_scale=scale, causal=causal,
                                                  window_size=window, store_lse=False,
                                                  row_order=order, config=cfg)[0]
+                finally:
+                    fwd.L2_BUDGET_BYTES = DEFAULT_BUDGET
+            return run
 
         contenders = {}
-        orders = ["heavy_first", "per_head"] if causal else ["in_order", "heavy_first"]
+        if not causal:
+            orders = ["in_order", "heavy_first"]
+        elif left >= 0:
+            orders = ["per_head", "heavy_first", "in_order"]
+        else:
+            orders = ["heavy_first", "per_head"]
         for order in orders:
             contenders[order] = ours(order)
+        if causal and left < 0:
+            # chunking of heads by L2 budget: none at all, and half the default budget
+            contenders["heavy_first unchunked"] = ours("heavy_first", budget=1 << 40)
+            contenders["heavy_first 16MB"] = ours("heavy_first", budget=16 << 20)
         if left < 0:
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             contenders["sdpa"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
                                                                         scale=scale, enable_gqa=True)
-        if (b, s, hq, hk, d, causal, left) == SHAPES[0]:
-            for cfg in EXTRA_CONFIGS:
-                try:
-                    ours("heavy_first", cfg)()
-                    torch.cuda.synchronize()
-                except Exception as exc:  # a config that does not fit is reported, not fatal
-                    print(f"config {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                    continue
-                contenders["heavy_first " + "x".join(map(str, cfg))] = ours("heavy_first", cfg)
-
         outs = {name: fn() for name, fn in contenders.items() if name != "sdpa"}
         torch.cuda.synchronize()
         first = outs[orders[0]]
-        equal = {name: bool(torch.equal(o, first)) for name, o in outs.items() if " " not in name}
+        equal = {name: bool(torch.equal(o, first)) for name, o in outs.items() if "x" not in name.split()[-1]}
         if not all(equal.values()):
             raise SystemExit(f"launch orders disagree at {(b, s, hq, hk, d, causal, left)}: {equal}")
         if "sdpa" in contenders:
@@ -133,7 +143,7 @@ def main() -> None:
                 samples[name].append(timed_us(contenders[name]))
         us = {name: median(v) for name, v in samples.items()}
         flops = A.fwd_flops(b, hq, s, s, d, causal) if left < 0 else None
-        base = us.get("per_head", us.get("in_order"))
+        base = us["per_head"] if causal else us["in_order"]
         row = {"shape": {"batch": b, "seq": s, "heads": f"{hq}/{hk}", "head_dim": d, "causal": causal,
                          "window_left": left},
                "us": {n: round(t, 1) for n, t in us.items()},

@@ -239,14 +239,18 @@ def test_empty_key_rows_give_zero_and_inf_lse():
     assert torch.isinf(lse[0, :, :5]).all() and torch.isfinite(lse[0, :, 5:]).all()
 
 
-@pytest.mark.parametrize("order", ["in_order", "per_head", "heavy_first"])
+@pytest.mark.parametrize("order, l2_budget", [("in_order", None), ("per_head", None), ("heavy_first", None),
+                                              ("heavy_first", 1)], ids=["in_order", "per_head", "heavy_first",
+                                                                        "heavy_first-chunk-per-group"])
 @pytest.mark.parametrize("opts", [dict(causal=True), dict(window_size=(5, 3)), dict(window_size=(4, -1))],
                          ids=["causal", "window", "left-window"])
-def test_every_launch_order_computes_every_row_block_of_every_head(order, opts):
+def test_every_launch_order_computes_every_row_block_of_every_head(order, l2_budget, opts, monkeypatch):
     """The order only decides which programs start first: each writes its own rows."""
     import importlib
 
     fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    if l2_budget is not None:  # one GQA group per chunk: 3 x 4 heads run as 6 chunks of 2
+        monkeypatch.setattr(fwd, "L2_BUDGET_BYTES", l2_budget)
     q = torch.randn(3, 53, 4, 32, dtype=torch.float16)  # 4 row blocks of 16 under the interpreter
     k, v = (torch.randn(3, 47, 2, 32, dtype=torch.float16) for _ in range(2))
     with poisoned_allocations():
@@ -259,14 +263,32 @@ def test_every_launch_order_computes_every_row_block_of_every_head(order, opts):
 
 
 def test_launch_order_rule():
-    """Right-bounded rows start heaviest-first across all heads, unless grid.y cannot hold them."""
+    """Causal rows start heaviest-first; a left window or a grid past CUDA's limits keeps per-head."""
     import importlib
 
     fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
-    assert fwd._row_order(False, 16) == fwd._ORDERS["in_order"]
-    assert fwd._row_order(True, 16) == fwd._ORDERS["heavy_first"]
-    assert fwd._row_order(True, 65535) == fwd._ORDERS["heavy_first"]
-    assert fwd._row_order(True, 65536) == fwd._ORDERS["per_head"]
+    heavy, per_head, in_order = (fwd._ORDERS[k] for k in ("heavy_first", "per_head", "in_order"))
+    assert fwd._row_order(False, False, 16, 256, 256) == in_order
+    assert fwd._row_order(True, False, 16, 256, 256) == heavy
+    assert fwd._row_order(True, True, 16, 256, 256) == per_head
+    assert fwd._row_order(True, False, 65535, 256, 256) == heavy
+    assert fwd._row_order(True, False, 65536, 256, 256) == per_head
+    assert fwd._row_order(True, False, 16, 4 * 65536, 4) == per_head
+
+
+def test_heavy_first_chunks_hold_whole_gqa_groups_within_the_l2_budget():
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    mb = 1 << 20
+    # 8 x 32 query heads, groups of 4; 512 KB of K/V per K/V head: 64 heads fit in 32 MB -> all.
+    assert fwd._heads_per_chunk(256, 4, mb // 2, 32 * mb) == 256
+    # 1 MB per K/V head: 32 K/V heads = 128 query heads per chunk.
+    assert fwd._heads_per_chunk(256, 4, mb, 32 * mb) == 128
+    # The budget allows 5 groups (20 heads); 20 does not divide 96, so 16.
+    assert fwd._heads_per_chunk(96, 4, mb, 5 * mb) == 16
+    # Too big for the budget: one group per chunk, never less.
+    assert fwd._heads_per_chunk(96, 4, 64 * mb, 32 * mb) == 4
 
 
 @pytest.mark.parametrize(

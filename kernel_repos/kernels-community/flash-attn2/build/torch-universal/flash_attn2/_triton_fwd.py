@@ -25,6 +25,7 @@ a causal/window diagonal or the sequence end, chosen with constexpr flags so the
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -39,16 +40,20 @@ LN2 = 0.6931471805599453
 
 # Launch orders of the (row block, batch row * head) programs. Under a causal (or right-window)
 # mask a row block's cost grows with its index, so the order decides how ragged the last wave
-# is. HEAVY_FIRST starts the last row block of every head, then the one before, and so on
-# (longest-job-first: the tail is made of the cheapest blocks); PER_HEAD reverses the row blocks
-# inside each head only, which leaves heavy blocks of the last heads for the end; IN_ORDER is for
-# unmasked rows, where every block costs the same and neighbours share K/V in L2.
+# is. HEAVY_FIRST starts the last row block of every head in a chunk of heads, then the one
+# before, and so on (longest-job-first: the tail is made of the cheapest blocks); chunks run one
+# after the other and are sized so the K/V they stream fits in L2. PER_HEAD reverses the row
+# blocks inside each head only, which leaves heavy blocks of the last heads for the end;
+# IN_ORDER is for rows whose blocks all cost about the same, where neighbours share K/V in L2.
 ORDER_IN_ORDER: tl.constexpr = tl.constexpr(0)
 ORDER_PER_HEAD: tl.constexpr = tl.constexpr(1)
 ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(2)
 _ORDERS = {"in_order": 0, "per_head": 1, "heavy_first": 2}
-# CUDA's limit on grid.y, where HEAVY_FIRST puts the row blocks.
-_MAX_GRID_Y = 65535
+# K and V bytes one HEAVY_FIRST chunk of heads may stream (FlashAttention 3's scheduler sizes its
+# head groups with the same 32 MB; an H100/H200 has 50 MB of L2). Benchmarks may change it.
+L2_BUDGET_BYTES = 32 << 20
+# CUDA's limit on grid.y and grid.z, where HEAVY_FIRST puts the row blocks and the chunks.
+_MAX_GRID_YZ = 65535
 
 
 @triton.jit
@@ -210,7 +215,8 @@ def _fwd_kernel(
     # ORDER picks which program the GPU starts first (it dispatches in grid order, x fastest);
     # see ``_row_order`` on the host.
     if ORDER == ORDER_HEAVY_FIRST:
-        pid_bh = tl.program_id(0)
+        # grid (heads in a chunk, row blocks, chunks)
+        pid_bh = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
         pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     elif ORDER == ORDER_PER_HEAD:
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -346,16 +352,36 @@ def next_pow2_dim(d: int) -> int:
     return max(16, 1 << (int(d) - 1).bit_length())
 
 
-def _row_order(masked_right: bool, row_blocks: int) -> int:
+def _row_order(masked_right: bool, window_left: bool, row_blocks: int, programs_bh: int,
+               heads_per_chunk: int) -> int:
     """The launch order (an ``ORDER_*`` value) for a call.
 
-    Rows bounded on the right (causal or a right window) take HEAVY_FIRST (bench/prefill_order.py
-    compares the orders). HEAVY_FIRST puts the row blocks on grid.y, so a sequence with more
-    blocks than CUDA allows there (over 8M tokens at 128-row blocks) keeps PER_HEAD.
+    Rows bounded on the right only (causal, or a right window) take HEAVY_FIRST
+    (bench/prefill_order.py compares the orders). With a left window too, blocks cost about the
+    same and the old PER_HEAD order is kept. HEAVY_FIRST needs the row blocks and the chunks to
+    fit CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
     """
     if not masked_right:
         return 0
-    return 2 if row_blocks <= _MAX_GRID_Y else 1
+    if (window_left or row_blocks > _MAX_GRID_YZ or programs_bh // heads_per_chunk > _MAX_GRID_YZ):
+        return 1
+    return 2
+
+
+@functools.lru_cache(maxsize=64)
+def _heads_per_chunk(programs_bh: int, group: int, kv_head_bytes: int, budget: int) -> int:
+    """How many (batch row, query head) programs one HEAVY_FIRST chunk holds.
+
+    The largest divisor of ``programs_bh`` that is a whole number of GQA groups (query heads
+    sharing a K/V head stay together: they read the same K/V) and whose distinct K/V heads fit
+    in ``budget`` bytes; at least one group.
+    """
+    cap = max(1, budget // max(kv_head_bytes, 1)) * group
+    best = group
+    for d in range(group, min(cap, programs_bh) + 1, group):
+        if programs_bh % d == 0:
+            best = d
+    return best
 
 
 def attention_forward(
@@ -435,11 +461,18 @@ def attention_forward(
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
 
+    programs_bh = batch * hq
+    chunk = programs_bh
+    if right >= 0:
+        chunk = _heads_per_chunk(programs_bh, hq // hk, sk_max * head_dim * 2 * q.element_size(),
+                                 L2_BUDGET_BYTES)
+
     def launch(cfg):
         bm_, bn_, w_, s_ = cfg
         blocks = (sq_max + bm_ - 1) // bm_
-        order = _row_order(right >= 0, blocks) if row_order is None else _ORDERS[row_order]
-        grid = (batch * hq, blocks, 1) if order == 2 else (blocks, batch * hq, 1)
+        order = (_row_order(right >= 0, left >= 0, blocks, programs_bh, chunk) if row_order is None
+                 else _ORDERS[row_order])
+        grid = (chunk, blocks, programs_bh // chunk) if order == 2 else (blocks, programs_bh, 1)
         _FWD(grid, args, flags + (order, store_lse, bm_, bn_, block_d), w_, s_)
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
