@@ -1,6 +1,6 @@
 """Launch order of the causal forward kernel: heaviest row blocks of all heads first vs per head.
 
-    PYTHONPATH=. python3 bench/prefill_order.py OUT_DIR
+    PYTHONPATH=. python3 bench/prefill_order.py OUT_DIR [--sweep]
 
 Why: under a causal mask the cost of a row block grows with its index. The forward kernel used to
 reverse row blocks inside each head (``per_head``): the GPU starts programs in grid order, so the
@@ -47,9 +47,14 @@ SHAPES = [
     (8, 2048, 32, 8, 128, True, -1),
     (4, 4096, 32, 32, 128, True, -1),
     (8, 2048, 32, 8, 64, False, -1),    # control: unmasked rows keep in_order
+    (8, 2048, 32, 8, 128, False, -1),
     (2, 8192, 32, 8, 64, True, 1024),   # sliding window (Mistral-style): no SDPA equivalent
 ]
 ROUNDS = 11
+# --sweep: tile configs (BLOCK_M, BLOCK_N, warps, stages) tried at head_dim 128 with both orders
+SWEEP = "--sweep" in sys.argv
+SWEEP_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 4), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4),
+                 (64, 128, 4, 2), (64, 128, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (128, 128, 8, 2)]
 DEFAULT_BUDGET = 32 << 20  # replaced by the kernel's own default at start
 CALLS = 10
 
@@ -80,7 +85,7 @@ def main() -> None:
 
     result = {
         "date": datetime.date.today().isoformat(),
-        "command": "PYTHONPATH=. python3 bench/prefill_order.py $OUT",
+        "command": "PYTHONPATH=. python3 bench/prefill_order.py $OUT" + (" --sweep" if SWEEP else ""),
         "commit": os.environ.get("BENCH_COMMIT", "unknown"),
         "environment": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                         "triton": triton.__version__, "cuda": torch.version.cuda},
@@ -122,6 +127,17 @@ def main() -> None:
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             contenders["sdpa"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
                                                                         scale=scale, enable_gqa=True)
+        if SWEEP and d == 128:
+            for cfg in SWEEP_CONFIGS:
+                for order in orders[:2]:
+                    fn = ours(order, cfg)
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                    except Exception as exc:  # a config that does not fit is reported, not fatal
+                        print(f"config {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                        break
+                    contenders[f"{order} " + "x".join(map(str, cfg))] = fn
         outs = {name: fn() for name, fn in contenders.items() if name != "sdpa"}
         torch.cuda.synchronize()
         first = outs[orders[0]]

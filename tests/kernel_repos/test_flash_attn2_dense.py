@@ -263,17 +263,20 @@ def test_every_launch_order_computes_every_row_block_of_every_head(order, l2_bud
 
 
 def test_launch_order_rule():
-    """Causal rows start heaviest-first; a left window or a grid past CUDA's limits keeps per-head."""
+    """Causal rows at head_dim <= 64 start heaviest-first; wider heads, a left window or a grid
+    past CUDA's limits keep the per-head order; unmasked rows run in order."""
     import importlib
 
     fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
     heavy, per_head, in_order = (fwd._ORDERS[k] for k in ("heavy_first", "per_head", "in_order"))
-    assert fwd._row_order(False, False, 16, 256, 256) == in_order
-    assert fwd._row_order(True, False, 16, 256, 256) == heavy
-    assert fwd._row_order(True, True, 16, 256, 256) == per_head
-    assert fwd._row_order(True, False, 65535, 256, 256) == heavy
-    assert fwd._row_order(True, False, 65536, 256, 256) == per_head
-    assert fwd._row_order(True, False, 16, 4 * 65536, 4) == per_head
+    assert fwd._row_order(False, False, 64, 16, 256, 256) == in_order
+    assert fwd._row_order(True, False, 64, 16, 256, 256) == heavy
+    assert fwd._row_order(True, False, 32, 16, 256, 256) == heavy
+    assert fwd._row_order(True, False, 128, 16, 256, 256) == per_head
+    assert fwd._row_order(True, True, 64, 16, 256, 256) == per_head
+    assert fwd._row_order(True, False, 64, 65535, 256, 256) == heavy
+    assert fwd._row_order(True, False, 64, 65536, 256, 256) == per_head
+    assert fwd._row_order(True, False, 64, 16, 4 * 65536, 4) == per_head
 
 
 def test_heavy_first_chunks_hold_whole_gqa_groups_within_the_l2_budget():

@@ -352,18 +352,22 @@ def next_pow2_dim(d: int) -> int:
     return max(16, 1 << (int(d) - 1).bit_length())
 
 
-def _row_order(masked_right: bool, window_left: bool, row_blocks: int, programs_bh: int,
+def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: int, programs_bh: int,
                heads_per_chunk: int) -> int:
     """The launch order (an ``ORDER_*`` value) for a call.
 
-    Rows bounded on the right only (causal, or a right window) take HEAVY_FIRST
-    (bench/prefill_order.py compares the orders). With a left window too, blocks cost about the
-    same and the old PER_HEAD order is kept. HEAVY_FIRST needs the row blocks and the chunks to
-    fit CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
+    Measured on an H200 (bench/prefill_order.py, bench/results/prefill-order-2026-11-30.md):
+    with rows bounded on the right only (causal, or a right window) HEAVY_FIRST beat PER_HEAD by
+    4-5 % at head_dim 64 (8x2048 to 1x16384, GQA 32/8) but lost 2-4 % at head_dim 128, chunked
+    or not; with a left window too, blocks cost about the same and PER_HEAD was as fast as
+    IN_ORDER and 3 % ahead of HEAVY_FIRST. So HEAVY_FIRST is taken for padded head dims up to
+    64 only. It also needs the row blocks and the chunks to fit CUDA's grid.y / grid.z limits
+    (they do below 8M tokens at 128-row blocks).
     """
     if not masked_right:
         return 0
-    if (window_left or row_blocks > _MAX_GRID_YZ or programs_bh // heads_per_chunk > _MAX_GRID_YZ):
+    if (window_left or block_d > 64 or row_blocks > _MAX_GRID_YZ
+            or programs_bh // heads_per_chunk > _MAX_GRID_YZ):
         return 1
     return 2
 
@@ -470,7 +474,7 @@ def attention_forward(
     def launch(cfg):
         bm_, bn_, w_, s_ = cfg
         blocks = (sq_max + bm_ - 1) // bm_
-        order = (_row_order(right >= 0, left >= 0, blocks, programs_bh, chunk) if row_order is None
+        order = (_row_order(right >= 0, left >= 0, block_d, blocks, programs_bh, chunk) if row_order is None
                  else _ORDERS[row_order])
         grid = (chunk, blocks, programs_bh // chunk) if order == 2 else (blocks, programs_bh, 1)
         _FWD(grid, args, flags + (order, store_lse, bm_, bn_, block_d), w_, s_)
