@@ -1,6 +1,7 @@
 """Launch order of the causal forward kernel: heaviest row blocks of all heads first vs per head.
 
-    PYTHONPATH=. python3 bench/prefill_order.py OUT_DIR [--sweep]
+    PYTHONPATH=. python3 bench/prefill_order.py OUT_DIR [--shapes=all|d64|d128] [--budgets=0,16]
+                                                        [--configs=64x64x4x3,...] [--sweep]
 
 Why: under a causal mask the cost of a row block grows with its index. The forward kernel used to
 reverse row blocks inside each head (``per_head``): the GPU starts programs in grid order, so the
@@ -50,11 +51,38 @@ SHAPES = [
     (8, 2048, 32, 8, 128, False, -1),
     (2, 8192, 32, 8, 64, True, 1024),   # sliding window (Mistral-style): no SDPA equivalent
 ]
+D128_SHAPES = [
+    (8, 2048, 32, 8, 128, True, -1),
+    (1, 16384, 32, 8, 128, True, -1),
+    (4, 4096, 32, 32, 128, True, -1),
+    (4, 4096, 16, 16, 128, False, -1),  # the shape the d=128 config was first tuned on (2026-11-29)
+    (4, 4096, 16, 16, 128, True, -1),
+    (8, 2048, 32, 8, 128, False, -1),
+]
 ROUNDS = 11
-# --sweep: tile configs (BLOCK_M, BLOCK_N, warps, stages) tried at head_dim 128 with both orders
+
+
+def _option(name: str, default: str) -> str:
+    for a in sys.argv[2:]:
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return default
+
+
+# --shapes=all|d64|d128: which rows; --budgets=MB,...: heavy_first chunk budgets to time beside
+# the kernel's own (0 = unchunked); --configs=BMxBNxWxS,...: tile configs timed with each order.
+# --sweep = --shapes=all with ten tile configs at head_dim 128 (the first d=128 run).
 SWEEP = "--sweep" in sys.argv
+SHAPE_SET = _option("shapes", "all")
+if SHAPE_SET == "d64":
+    SHAPES = [r for r in SHAPES if r[4] == 64 and r[5] and r[6] < 0]
+elif SHAPE_SET == "d128":
+    SHAPES = D128_SHAPES
+BUDGETS_MB = [int(x) for x in _option("budgets", "0,16").split(",") if x]
 SWEEP_CONFIGS = [(128, 64, 8, 2), (128, 64, 8, 4), (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4),
                  (64, 128, 4, 2), (64, 128, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (128, 128, 8, 2)]
+CONFIGS = SWEEP_CONFIGS if SWEEP else [tuple(int(v) for v in c.split("x"))
+                                       for c in _option("configs", "").split(",") if c]
 DEFAULT_BUDGET = 32 << 20  # replaced by the kernel's own default at start
 CALLS = 10
 
@@ -85,7 +113,7 @@ def main() -> None:
 
     result = {
         "date": datetime.date.today().isoformat(),
-        "command": "PYTHONPATH=. python3 bench/prefill_order.py $OUT" + (" --sweep" if SWEEP else ""),
+        "command": "PYTHONPATH=. python3 bench/prefill_order.py $OUT " + " ".join(sys.argv[2:]),
         "commit": os.environ.get("BENCH_COMMIT", "unknown"),
         "environment": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                         "triton": triton.__version__, "cuda": torch.version.cuda},
@@ -120,24 +148,29 @@ def main() -> None:
         for order in orders:
             contenders[order] = ours(order)
         if causal and left < 0:
-            # chunking of heads by L2 budget: none at all, and half the default budget
-            contenders["heavy_first unchunked"] = ours("heavy_first", budget=1 << 40)
-            contenders["heavy_first 16MB"] = ours("heavy_first", budget=16 << 20)
+            # other L2 budgets for the chunks of heads (0: one chunk of every head)
+            for mb in BUDGETS_MB:
+                contenders["heavy_first " + (f"{mb}MB" if mb else "unchunked")] = ours(
+                    "heavy_first", budget=(mb << 20) if mb else 1 << 40)
         if left < 0:
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             contenders["sdpa"] = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
                                                                         scale=scale, enable_gqa=True)
-        if SWEEP and d == 128:
-            for cfg in SWEEP_CONFIGS:
-                for order in orders[:2]:
-                    fn = ours(order, cfg)
+        if CONFIGS and (d == 128 or not SWEEP):
+            for cfg in CONFIGS:
+                variants = [(order, DEFAULT_BUDGET, order) for order in orders[:2]]
+                if causal and left < 0 and not SWEEP:
+                    variants += [(f"heavy_first {mb}MB" if mb else "heavy_first unchunked", (mb << 20) if mb else 1 << 40,
+                                  "heavy_first") for mb in BUDGETS_MB]
+                for label, budget, order in variants:
+                    fn = ours(order, cfg, budget)
                     try:
                         fn()
                         torch.cuda.synchronize()
                     except Exception as exc:  # a config that does not fit is reported, not fatal
                         print(f"config {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                         break
-                    contenders[f"{order} " + "x".join(map(str, cfg))] = fn
+                    contenders[f"{label} " + "x".join(map(str, cfg))] = fn
         outs = {name: fn() for name, fn in contenders.items() if name != "sdpa"}
         torch.cuda.synchronize()
         first = outs[orders[0]]
