@@ -49,9 +49,11 @@ ORDER_IN_ORDER: tl.constexpr = tl.constexpr(0)
 ORDER_PER_HEAD: tl.constexpr = tl.constexpr(1)
 ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(2)
 _ORDERS = {"in_order": 0, "per_head": 1, "heavy_first": 2}
-# K and V bytes one HEAVY_FIRST chunk of heads may stream (FlashAttention 3's scheduler sizes its
-# head groups with the same 32 MB; an H100/H200 has 50 MB of L2). Benchmarks may change it.
-L2_BUDGET_BYTES = 32 << 20
+# K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
+# halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
+# 64, 16 MB was 1-3 % faster than 32 MB (one chunk) at 8x2048 and 16x1024 in three runs and
+# even at 8k-16k tokens (bench/results/prefill-order-2026-11-30.md). Benchmarks may change it.
+L2_BUDGET_BYTES = 16 << 20
 # CUDA's limit on grid.y and grid.z, where HEAVY_FIRST puts the row blocks and the chunks.
 _MAX_GRID_YZ = 65535
 
