@@ -15,6 +15,8 @@ call, not the GPU's, sets the pace. Phases (each recorded even when another fail
 3. short steps: forward+backward at d=64/1k and d=128/1k causal, do_bench median, ours (cached
    launches on and off) vs SDPA's FlashAttention-2 backend; plus the host's issue time per step.
 4. profile: cProfile of our decode-layer call and our training step, top entries by own time.
+4c. prefill-diff: one 8x2048 prefill of the e2e model under torch.profiler, sdpa and ours
+   alternating: device time by kernel name, the GPU's busy time against the prefill's span.
 5. end to end: the ~1.2B Llama of bench/e2e_transformers.py, bf16, prefill 8x2048 and 128 greedy
    decode steps; sdpa and our kernel alternated, then ours with Triton's own launch path.
 """

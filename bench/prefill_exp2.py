@@ -15,6 +15,10 @@ The kernel is a minimal copy of the shipped forward (dense, causal, GQA, unmaske
 masked diagonal blocks, heavy-first launch order) with EXP_MODE: 0 = tl.exp2 everywhere (the
 control), 1 = odd columns of each bulk tile through the polynomial, 2 = every bulk element.
 Timed beside the shipped kernel and SDPA (cuDNN), interleaved, medians.
+
+Outcome (H200, 2026-11-30, bench/results/prefill-exp2-2026-11-30-call10.*): slower. Control
+395 us, half the columns through the polynomial 453 us, all of them 493 us (shipped 393, cuDNN
+362): the softmax is bound by instruction issue, and the polynomial adds instructions.
 """
 
 from __future__ import annotations

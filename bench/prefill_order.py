@@ -12,11 +12,10 @@ SMs x 2 programs) puts the per_head tail ~7 % above the ideal and heavy_first wi
 
 What it measures, interleaved (every round times each contender once, in rotating order; medians
 over rounds): our forward with each order, and SDPA's default backend on the transposed views of
-the same tensors (cuDNN on the H200), for several causal shapes, plus one non-causal control and
-a sliding-window row. heavy_first runs with the kernel's L2 budget for its head chunks, without
-chunks, and with half the budget. (The first run of this script, 2026-11-30, also timed other
-tile configs with heavy_first at 8 x 2048 d=64: 128x128 and 256-row tiles were 0.61-0.75x of
-SDPA against 0.94x for the shipped 128x64; see bench/results/prefill-order-2026-11-30.md.)
+the same tensors (cuDNN on the H200), for several causal shapes, plus non-causal controls and a
+sliding-window row. heavy_first runs with the kernel's L2 budget for its chunks of heads and with
+each ``--budgets`` value (MB; 0 = one chunk of every head); ``--configs`` adds tile configs timed
+with each order. Results and the shipped choices: bench/results/prefill-order-2026-11-30.md.
 Outputs of the orders must be bitwise equal (each program writes its own rows); the run fails
 otherwise. Writes OUT_DIR/prefill-order.json and prints a table.
 """

@@ -20,7 +20,8 @@ arguments (``_validate.py``); this module assumes they are consistent.
 Algorithm (why it is fast): exp2 with ``scale*log2(e)`` folded into one multiply; q stays in
 registers; the key loop is split into blocks that need no mask (the bulk) and the few that cross
 a causal/window diagonal or the sequence end, chosen with constexpr flags so the bulk loop has no
-``where`` and no bounds checks.
+``where`` and no bounds checks. Causal prefill at head_dim <= 64 launches the heaviest row blocks
+of all heads first, in L2-sized chunks of heads (``_row_order``), so the last wave is short.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(2)
 _ORDERS = {"in_order": 0, "per_head": 1, "heavy_first": 2}
 # K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
 # halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
-# 64, 16 MB was 1-3 % faster than 32 MB (one chunk) at 8x2048 and 16x1024 in three runs and
-# even at 8k-16k tokens (bench/results/prefill-order-2026-11-30.md). Benchmarks may change it.
+# 64, 16 MB was 0.6-3 % faster than one chunk of every head at 8x2048 and 16x1024 in four runs,
+# and within 1 % of it at 8k-16k tokens (bench/results/prefill-order-2026-11-30.md).
+# Benchmarks may change it.
 L2_BUDGET_BYTES = 16 << 20
 # CUDA's limit on grid.y and grid.z, where HEAVY_FIRST puts the row blocks and the chunks.
 _MAX_GRID_YZ = 65535
@@ -360,11 +362,11 @@ def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: 
 
     Measured on an H200 (bench/prefill_order.py, bench/results/prefill-order-2026-11-30.md):
     with rows bounded on the right only (causal, or a right window) HEAVY_FIRST beat PER_HEAD by
-    4-5 % at head_dim 64 (8x2048 to 1x16384, GQA 32/8) but lost 2-4 % at head_dim 128, chunked
-    or not; with a left window too, blocks cost about the same and PER_HEAD was as fast as
-    IN_ORDER and 3 % ahead of HEAVY_FIRST. So HEAVY_FIRST is taken for padded head dims up to
-    64 only. It also needs the row blocks and the chunks to fit CUDA's grid.y / grid.z limits
-    (they do below 8M tokens at 128-row blocks).
+    3-7 % at head_dim 64 (8x2048 to 1x16384, GQA 32/8) but lost 2-7 % at head_dim 128 on three
+    of four shapes, chunked or not; with a left window too, blocks cost about the same and
+    PER_HEAD was as fast as IN_ORDER and 1.5-3 % ahead of HEAVY_FIRST. So HEAVY_FIRST is taken
+    for padded head dims up to 64 only. It also needs the row blocks and the chunks to fit
+    CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
     """
     if not masked_right:
         return 0
