@@ -613,10 +613,13 @@ def main() -> None:
         return {"rows": rows, "written": "e2e_profile.txt"}
     save()
 
+    def _is_attention(kernel_name: str) -> bool:
+        return any(t in kernel_name for t in ("_fwd_kernel", "sdpa", "fmha", "flash"))
+
     @phase("prefill-diff", "5a'' prefill 8x2048: GPU time by kernel, ours vs sdpa, and the idle time between kernels")
     def _prefill_diff():
         """Where the e2e prefill gap goes: each kernel name's device time summed over a prefill
-        (mean of 3 profiled prefills per implementation, alternating), the GPU's busy time
+        (mean of 4 profiled prefills per implementation; which runs first alternates), the GPU's busy time
         (union of kernel intervals) against the prefill's span, and unprofiled wall medians."""
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
@@ -638,8 +641,11 @@ def main() -> None:
                 for _ in range(2):
                     prefill()
             torch.cuda.synchronize()
-            for _ in range(3):
-                for impl in impls:
+            others = []  # (impl, position in the pair, device time of the non-attention kernels)
+            for rep in range(4):
+                # who runs first alternates, so a drift within a pair (clocks, heat) shows up
+                # as a position effect instead of an implementation effect
+                for pos, impl in enumerate(impls if rep % 2 == 0 else impls[::-1]):
                     model.set_attn_implementation(impl)
                     prefill()
                     torch.cuda.synchronize()
@@ -661,7 +667,9 @@ def main() -> None:
                     busy[impl].append(total)
                     span[impl].append(intervals[-1][1] - intervals[0][0] if intervals else 0.0)
                     for e in kernels:
-                        per_kernel[impl][e.name] = per_kernel[impl].get(e.name, 0.0) + (e.time_range.end - e.time_range.start) / 3
+                        per_kernel[impl][e.name] = per_kernel[impl].get(e.name, 0.0) + (e.time_range.end - e.time_range.start) / 4
+                    others.append((impl, pos, round(sum(e.time_range.end - e.time_range.start for e in kernels
+                                                        if not _is_attention(e.name)), 1)))
                     for _ in range(3):
                         torch.cuda.synchronize()
                         t = time.perf_counter()
@@ -681,7 +689,8 @@ def main() -> None:
         log(json.dumps(summary))
         for r in rows[:15]:
             log(f"  {r['ours_minus_sdpa_us']:9.1f}  sdpa {r['sdpa_us']:9.1f}  ours {r['ours_us']:9.1f}  {r['kernel']}")
-        return {"summary": summary, "by_kernel": rows}
+        log(f"non-attention kernel time per prefill (impl, position in pair, us): {others}")
+        return {"summary": summary, "by_kernel": rows, "non_attention_by_position": others}
     save()
 
     @phase("inmodel", "5a' the prefill attention inputs as the model makes them: strides, ours vs sdpa on them")
