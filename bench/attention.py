@@ -13,6 +13,7 @@ difference between our output and SDPA flash's.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import time
@@ -41,6 +42,11 @@ def load_package():
     sys.modules[name] = pkg
     spec.loader.exec_module(pkg)
     return pkg
+
+
+def forward_module():
+    """The shipped package's Triton forward module (``_triton_fwd``), for benchmarks of its options."""
+    return importlib.import_module(load_package().__name__ + "._triton_fwd")
 
 
 def fwd_flops(batch: int, heads: int, seq_q: int, seq_k: int, dim: int, causal: bool) -> float:

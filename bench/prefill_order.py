@@ -23,12 +23,12 @@ otherwise. Writes OUT_DIR/prefill-order.json and prints a table.
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from statistics import median_high
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -96,16 +96,10 @@ def timed_us(fn) -> float:
     return start.elapsed_time(end) / CALLS * 1000.0
 
 
-def median(xs):
-    s = sorted(xs)
-    return s[len(s) // 2]
-
-
 def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    pkg = A.load_package()
-    fwd = importlib.import_module(pkg.__name__ + "._triton_fwd")
+    fwd = A.forward_module()
     global DEFAULT_BUDGET
     DEFAULT_BUDGET = fwd.L2_BUDGET_BYTES
     import triton
@@ -189,7 +183,7 @@ def main() -> None:
         for r in range(ROUNDS):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 samples[name].append(timed_us(contenders[name]))
-        us = {name: median(v) for name, v in samples.items()}
+        us = {name: median_high(v) for name, v in samples.items()}
         flops = A.fwd_flops(b, hq, s, s, d, causal) if left < 0 else None
         base = us["per_head"] if causal else us["in_order"]
         row = {"shape": {"batch": b, "seq": s, "heads": f"{hq}/{hk}", "head_dim": d, "causal": causal,
