@@ -46,10 +46,11 @@ LN2 = 0.6931471805599453
 # after the other and are sized so the K/V they stream fits in L2. PER_HEAD reverses the row
 # blocks inside each head only, which leaves heavy blocks of the last heads for the end;
 # IN_ORDER is for rows whose blocks all cost about the same, where neighbours share K/V in L2.
-ORDER_IN_ORDER: tl.constexpr = tl.constexpr(0)
-ORDER_PER_HEAD: tl.constexpr = tl.constexpr(1)
-ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(2)
-_ORDERS = {"in_order": 0, "per_head": 1, "heavy_first": 2}
+_IN_ORDER, _PER_HEAD, _HEAVY_FIRST = 0, 1, 2
+ORDER_IN_ORDER: tl.constexpr = tl.constexpr(_IN_ORDER)
+ORDER_PER_HEAD: tl.constexpr = tl.constexpr(_PER_HEAD)
+ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(_HEAVY_FIRST)
+_ORDERS = {"in_order": _IN_ORDER, "per_head": _PER_HEAD, "heavy_first": _HEAVY_FIRST}
 # K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
 # halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
 # 64, 16 MB was 0.6-3 % faster than one chunk of every head at 8x2048 and 16x1024 in four runs,
@@ -369,11 +370,11 @@ def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: 
     CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
     """
     if not masked_right:
-        return 0
+        return _IN_ORDER
     if (window_left or block_d > 64 or row_blocks > _MAX_GRID_YZ
             or programs_bh // heads_per_chunk > _MAX_GRID_YZ):
-        return 1
-    return 2
+        return _PER_HEAD
+    return _HEAVY_FIRST
 
 
 @functools.lru_cache(maxsize=64)
@@ -385,6 +386,8 @@ def _heads_per_chunk(programs_bh: int, group: int, kv_head_bytes: int, budget: i
     in ``budget`` bytes; at least one group.
     """
     cap = max(1, budget // max(kv_head_bytes, 1)) * group
+    if cap >= programs_bh:
+        return programs_bh
     best = group
     for d in range(group, min(cap, programs_bh) + 1, group):
         if programs_bh % d == 0:
@@ -480,7 +483,7 @@ def attention_forward(
         blocks = (sq_max + bm_ - 1) // bm_
         order = (_row_order(right >= 0, left >= 0, block_d, blocks, programs_bh, chunk) if row_order is None
                  else _ORDERS[row_order])
-        grid = (chunk, blocks, programs_bh // chunk) if order == 2 else (blocks, programs_bh, 1)
+        grid = (chunk, blocks, programs_bh // chunk) if order == _HEAVY_FIRST else (blocks, programs_bh, 1)
         _FWD(grid, args, flags + (order, store_lse, bm_, bn_, block_d), w_, s_)
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
