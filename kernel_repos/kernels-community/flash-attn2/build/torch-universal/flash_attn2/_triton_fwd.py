@@ -51,6 +51,12 @@ ORDER_IN_ORDER: tl.constexpr = tl.constexpr(_IN_ORDER)
 ORDER_PER_HEAD: tl.constexpr = tl.constexpr(_PER_HEAD)
 ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(_HEAVY_FIRST)
 _ORDERS = {"in_order": _IN_ORDER, "per_head": _PER_HEAD, "heavy_first": _HEAVY_FIRST}
+# How ``_fwd_inner`` masks the key blocks it walks (see there).
+MASK_NONE: tl.constexpr = tl.constexpr(0)
+MASK_ALL: tl.constexpr = tl.constexpr(1)
+MASK_FROM: tl.constexpr = tl.constexpr(2)
+# Experiment (bench/prefill_mask.py): one loop from the bulk into the diagonal blocks.
+MERGE_DIAG = False
 # K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
 # halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
 # 64, 16 MB was 0.6-3 % faster than one chunk of every head at 8x2048 and 16x1024 in four runs,
@@ -89,16 +95,22 @@ def _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
 
 @triton.jit
 def _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TRANS: tl.constexpr = False):
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TRANS: tl.constexpr = False,
+             EVEN_N: tl.constexpr = False):
+    """Which scores of the tile are kept. EVEN_N: every key block lies below seqlen_k, so with a
+    right bound the end-of-sequence test is redundant (one compare and one AND less per score)."""
     if TRANS:
         rows = offs_m[None, :]
         cols = offs_n[:, None]
     else:
         rows = offs_m[:, None]
         cols = offs_n[None, :]
-    ok = cols < seqlen_k
-    if HAS_RIGHT:
-        ok = ok & (cols <= rows + diag + window_right)
+    if EVEN_N and HAS_RIGHT:
+        ok = cols <= rows + diag + window_right
+    else:
+        ok = cols < seqlen_k
+        if HAS_RIGHT:
+            ok = ok & (cols <= rows + diag + window_right)
     if HAS_LEFT:
         ok = ok & (cols >= rows + diag - window_left)
     return ok
@@ -140,18 +152,21 @@ def _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-               start, end, seqlen_k, head_dim, diag, window_left, window_right,
+               start, end, mask_from, seqlen_k, head_dim, diag, window_left, window_right,
                qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
-               MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+               MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                BLOCK_N: tl.constexpr):
+    """Key blocks [start, end). MASKED: MASK_NONE (the bulk), MASK_ALL, or MASK_FROM (one loop
+    through the bulk and into the diagonal: blocks from ``mask_from`` on are masked, so the
+    software pipeline runs on instead of draining and refilling at the diagonal)."""
     offs_nb = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + offs_nb
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        if MASKED:
+        if MASKED != MASK_NONE and not EVEN_N:
             kv_mask = offs_n[:, None] < seqlen_k
             if not EVEN_D:
                 kv_mask = kv_mask & (offs_d[None, :] < head_dim)
@@ -161,34 +176,46 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
         else:
             k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
         qk = tl.dot(q, tl.trans(k))
-        if MASKED:
+        if HAS_SOFTCAP or HAS_ALIBI:
             s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
                         HAS_SOFTCAP, HAS_ALIBI)
-            ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                          HAS_LEFT, HAS_RIGHT)
-            s = tl.where(ok, s, float("-inf"))
+            if MASKED == MASK_ALL:
+                ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                              HAS_LEFT, HAS_RIGHT, False, EVEN_N)
+                s = tl.where(ok, s, float("-inf"))
+            elif MASKED == MASK_FROM:
+                if n0 >= mask_from:
+                    ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                                  HAS_LEFT, HAS_RIGHT, False, EVEN_N)
+                    s = tl.where(ok, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
+        else:
+            # Scores stay raw: the scale (> 0, checked by the caller) folds into the max and
+            # into one fused multiply-add before exp2; a masked score is -inf either way.
+            if MASKED == MASK_ALL:
+                ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                              HAS_LEFT, HAS_RIGHT, False, EVEN_N)
+                qk = tl.where(ok, qk, float("-inf"))
+            elif MASKED == MASK_FROM:
+                if n0 >= mask_from:
+                    ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                                  HAS_LEFT, HAS_RIGHT, False, EVEN_N)
+                    qk = tl.where(ok, qk, float("-inf"))
+            s = qk * qk_scale
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        if MASKED != MASK_NONE:
             # A row with nothing allowed yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_use[:, None])
-        elif HAS_SOFTCAP or HAS_ALIBI:
-            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-                        HAS_SOFTCAP, HAS_ALIBI)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = m_new
-            p = tl.exp2(s - m_use[:, None])
         else:
-            # The hot path: scale folded into the max and one fused multiply-add before exp2.
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_use = m_new
-            p = tl.exp2(qk * qk_scale - m_use[:, None])
+        p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
             keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
             p = tl.where(keep, p, 0.0)
-        if MASKED:
+        if MASKED != MASK_NONE and not EVEN_N:
             v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
         elif EVEN_D:
             v = tl.load(v_ptrs)
@@ -214,7 +241,7 @@ def _fwd_kernel(
     IS_VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-    ORDER: tl.constexpr, STORE_LSE: tl.constexpr,
+    EVEN_N: tl.constexpr, MERGE_DIAG: tl.constexpr, ORDER: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # ORDER picks which program the GPU starts first (it dispatches in grid order, x fastest);
@@ -273,20 +300,27 @@ def _fwd_kernel(
                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # Masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end.
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                               offs_d, lo, flo, seqlen_k, head_dim, diag, window_left,
+                               offs_d, lo, flo, flo, seqlen_k, head_dim, diag, window_left,
                                window_right, qk_scale, softcap_scale, softcap, slope2, seed,
-                               rng_base, rng_sk, dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT,
-                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                               offs_d, flo, fhi, seqlen_k, head_dim, diag, window_left,
-                               window_right, qk_scale, softcap_scale, softcap, slope2, seed,
-                               rng_base, rng_sk, dropout_p, False, EVEN_D, HAS_LEFT, HAS_RIGHT,
-                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                               offs_d, fhi, hi, seqlen_k, head_dim, diag, window_left,
-                               window_right, qk_scale, softcap_scale, softcap, slope2, seed,
-                               rng_base, rng_sk, dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT,
-                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+                               rng_base, rng_sk, dropout_p, MASK_ALL, EVEN_D, EVEN_N, HAS_LEFT,
+                               HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+    if MERGE_DIAG:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                                   offs_d, flo, hi, fhi, seqlen_k, head_dim, diag, window_left,
+                                   window_right, qk_scale, softcap_scale, softcap, slope2, seed,
+                                   rng_base, rng_sk, dropout_p, MASK_FROM, EVEN_D, EVEN_N, HAS_LEFT,
+                                   HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+    else:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                                   offs_d, flo, fhi, fhi, seqlen_k, head_dim, diag, window_left,
+                                   window_right, qk_scale, softcap_scale, softcap, slope2, seed,
+                                   rng_base, rng_sk, dropout_p, MASK_NONE, EVEN_D, EVEN_N, HAS_LEFT,
+                                   HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                                   offs_d, fhi, hi, fhi, seqlen_k, head_dim, diag, window_left,
+                                   window_right, qk_scale, softcap_scale, softcap, slope2, seed,
+                                   rng_base, rng_sk, dropout_p, MASK_ALL, EVEN_D, EVEN_N, HAS_LEFT,
+                                   HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
 
     empty = l_i == 0.0
     inv_l = 1.0 / tl.where(empty, 1.0, l_i)
@@ -484,7 +518,11 @@ def attention_forward(
         order = (_row_order(right >= 0, left >= 0, block_d, blocks, programs_bh, chunk) if row_order is None
                  else _ORDERS[row_order])
         grid = (chunk, blocks, programs_bh // chunk) if order == _HEAVY_FIRST else (blocks, programs_bh, 1)
-        _FWD(grid, args, flags + (order, store_lse, bm_, bn_, block_d), w_, s_)
+        # EVEN_N: every key block ends inside every sequence (dense keys only: varlen and seqused
+        # lengths vary per row)
+        even_n = not varlen and seqused_k is None and sk_max % bn_ == 0
+        _FWD(grid, args, flags + (even_n, MERGE_DIAG and even_n, order, store_lse, bm_, bn_, block_d),
+             w_, s_)
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
     launch(_configs.choose("fwd", cap, block_d, shape_class, config,
