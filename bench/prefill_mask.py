@@ -50,6 +50,10 @@ SHAPES = [
     (2, 8192, 32, 8, 64, True, 1024),   # sliding window: masked blocks at both edges
     (8, 2048, 32, 8, 64, False, -1),    # control: no diagonal
 ]
+# --shapes=short: d=64 causal GQA rows from 1k to 8k tokens per sequence, for --configs sweeps
+SHORT_SHAPES = [(16, 1024, 32, 8, 64, True, -1), (11, 1536, 32, 8, 64, True, -1),
+                (8, 2048, 32, 8, 64, True, -1), (4, 4096, 32, 8, 64, True, -1),
+                (2, 8192, 32, 8, 64, True, -1)]
 
 
 def _option(name: str, default: str) -> str:
@@ -57,6 +61,11 @@ def _option(name: str, default: str) -> str:
         if a.startswith(f"--{name}="):
             return a.split("=", 1)[1]
     return default
+
+
+SHAPE_SET = _option("shapes", "all")
+# --configs=BMxBNxWxS,...: tile configs timed with split and merged loops beside the shipped one
+CONFIGS = [tuple(int(v) for v in c.split("x")) for c in _option("configs", "").split(",") if c]
 
 
 def load_baseline(path: Path):
@@ -106,7 +115,7 @@ def main() -> None:
         "rows": [],
     }
     t0 = time.time()
-    for b, s, hq, hk, d, causal, left in SHAPES:
+    for b, s, hq, hk, d, causal, left in (SHORT_SHAPES if SHAPE_SET == "short" else SHAPES):
         torch.manual_seed(0)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -114,14 +123,14 @@ def main() -> None:
         window = (left, 0 if causal else -1)
         scale = d ** -0.5
 
-        def ours(module, merge=False):
+        def ours(module, merge=False, cfg=None):
             def run():
                 saved = getattr(module, "MERGE_DIAG", None)
                 if saved is not None:
                     module.MERGE_DIAG = merge
                 try:
                     return module.attention_forward(q, k, v, softmax_scale=scale, causal=causal,
-                                                    window_size=window, store_lse=False)[0]
+                                                    window_size=window, store_lse=False, config=cfg)[0]
                 finally:
                     if saved is not None:
                         module.MERGE_DIAG = saved
@@ -132,6 +141,10 @@ def main() -> None:
             contenders["baseline"] = ours(base)
         contenders["split loops"] = ours(fwd, False)
         contenders["merged loop"] = ours(fwd, True)
+        for cfg in CONFIGS:
+            tag = "x".join(map(str, cfg))
+            contenders[f"split {tag}"] = ours(fwd, False, cfg)
+            contenders[f"merged {tag}"] = ours(fwd, True, cfg)
         if left < 0:
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             contenders["sdpa"] = lambda: F.scaled_dot_product_attention(

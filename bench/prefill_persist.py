@@ -1,6 +1,6 @@
 """Experiment: where the short-sequence causal prefill loses to cuDNN (d=64), and two remedies.
 
-    PYTHONPATH=. python3 bench/prefill_persist.py OUT_DIR     # GPU: check and time
+    PYTHONPATH=. python3 bench/prefill_persist.py OUT_DIR [--maxnreg]   # GPU: check and time
     python bench/prefill_persist.py --check                   # CPU, TRITON_INTERPRET=1: accuracy
 
 Why: at d=64, GQA 32/8, causal, our forward runs at 1.00-1.01x cuDNN at 8k-16k tokens per
@@ -142,10 +142,13 @@ def _fwd(Q, K, V, O, stride_qb, stride_qm, stride_qh, stride_kb, stride_kn, stri
             q = q_next
 
 
-def forward(q, k, v, cfg=(128, 64, 8, 3), persistent=0, prefetch=False, fake_diag=False, hpc=None):
+def forward(q, k, v, cfg=(128, 64, 8, 3), persistent=0, prefetch=False, fake_diag=False, hpc=None,
+            maxnreg=None):
     """q [B, S, Hq, D], k/v [B, S, Hk, D]; S a multiple of BLOCK_M, causal.
 
     persistent: 0 = one program per tile; k > 0 = k programs per SM walking the tiles.
+    maxnreg: a register cap per thread (the persistent forms otherwise take 166-204 registers,
+    which leaves one 8-warp program per SM).
     """
     bm, bn, warps, stages = cfg
     b, s, hq, d = q.shape
@@ -167,7 +170,8 @@ def forward(q, k, v, cfg=(128, 64, 8, 3), persistent=0, prefetch=False, fake_dia
     return _fwd[grid](q, k, v, o, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
                       hq, hq // hk, d ** -0.5 * 1.4426950408889634, n_tiles, hpc, row_blocks,
                       PERSISTENT=bool(persistent), PREFETCH=prefetch, FAKE_DIAG=fake_diag,
-                      BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, num_warps=warps, num_stages=stages), o
+                      BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=d, num_warps=warps, num_stages=stages,
+                      **({"maxnreg": maxnreg} if maxnreg else {})), o
 
 
 def reference(q, k, v):
@@ -210,7 +214,7 @@ def main() -> None:
     fwd = A.forward_module()
     hq, hk, d = 32, 8, 64
     result = {"date": datetime.date.today().isoformat(),
-              "command": "PYTHONPATH=. python3 bench/prefill_persist.py $OUT",
+              "command": "PYTHONPATH=. python3 bench/prefill_persist.py $OUT " + " ".join(sys.argv[2:]),
               "commit": os.environ.get("BENCH_COMMIT", "unknown"),
               "environment": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "triton": triton.__version__, "cuda": torch.version.cuda},
@@ -228,20 +232,30 @@ def main() -> None:
             "shipped": lambda: fwd.attention_forward(q, k, v, softmax_scale=d ** -0.5, causal=True,
                                                      store_lse=False)[0],
         }
-        for cfg in CONFIGS:
+        for cfg in ([] if "--maxnreg" in sys.argv else CONFIGS):
             contenders["shipped " + "x".join(map(str, cfg))] = (
                 lambda c=cfg: fwd.attention_forward(q, k, v, softmax_scale=d ** -0.5, causal=True,
                                                     store_lse=False, config=c)[0])
-        exp = {"copy 128x64x8x3": dict(cfg=(128, 64, 8, 3)),
-               "copy 128x64x8x3 unmasked diagonal (timing only)": dict(cfg=(128, 64, 8, 3), fake_diag=True),
-               "persistent1 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=1),
-               "persistent2 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=2),
-               "persistent1 prefetch 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=1, prefetch=True),
-               "persistent2 prefetch 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=2, prefetch=True),
-               "copy 64x64x4x3": dict(cfg=(64, 64, 4, 3)),
-               "persistent2 prefetch 64x64x4x3": dict(cfg=(64, 64, 4, 3), persistent=2, prefetch=True),
-               "persistent3 prefetch 64x64x4x3": dict(cfg=(64, 64, 4, 3), persistent=3, prefetch=True),
-               "persistent4 prefetch 64x64x4x3": dict(cfg=(64, 64, 4, 3), persistent=4, prefetch=True)}
+        if "--maxnreg" in sys.argv:  # second run: the persistent forms under a register cap
+            exp = {"copy 128x64x8x3": dict(cfg=(128, 64, 8, 3)),
+                   "persistent2 128x64x8x3 maxnreg128": dict(cfg=(128, 64, 8, 3), persistent=2, maxnreg=128),
+                   "persistent2 prefetch 128x64x8x3 maxnreg128": dict(cfg=(128, 64, 8, 3), persistent=2,
+                                                                       prefetch=True, maxnreg=128),
+                   "copy 64x64x4x3": dict(cfg=(64, 64, 4, 3)),
+                   "persistent3 prefetch 64x64x4x3 maxnreg168": dict(cfg=(64, 64, 4, 3), persistent=3,
+                                                                      prefetch=True, maxnreg=168),
+                   "persistent3 64x64x4x3 maxnreg168": dict(cfg=(64, 64, 4, 3), persistent=3, maxnreg=168)}
+        else:
+            exp = {"copy 128x64x8x3": dict(cfg=(128, 64, 8, 3)),
+                   "copy 128x64x8x3 unmasked diagonal (timing only)": dict(cfg=(128, 64, 8, 3), fake_diag=True),
+                   "persistent1 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=1),
+                   "persistent2 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=2),
+                   "persistent1 prefetch 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=1, prefetch=True),
+                   "persistent2 prefetch 128x64x8x3": dict(cfg=(128, 64, 8, 3), persistent=2, prefetch=True),
+                   "copy 64x64x4x3": dict(cfg=(64, 64, 4, 3)),
+                   "persistent2 prefetch 64x64x4x3": dict(cfg=(64, 64, 4, 3), persistent=2, prefetch=True),
+                   "persistent3 prefetch 64x64x4x3": dict(cfg=(64, 64, 4, 3), persistent=3, prefetch=True),
+                   "persistent4 prefetch 64x64x4x3": dict(cfg=(64, 64, 4, 3), persistent=4, prefetch=True)}
         for name, kw in exp.items():
             contenders[name] = (lambda kw=kw: forward(q, k, v, **kw)[1])
         ref = reference(q, k, v).float() if s <= 2048 else None

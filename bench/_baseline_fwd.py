@@ -1,0 +1,495 @@
+"""Triton forward kernel: one program per (block of queries, batch row, query head).
+
+Entry point for sibling modules (the kvcache path uses it too)::
+
+    attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                      max_seqlen_k=None, seqused_k=None, softmax_scale, causal=False,
+                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+                      seed=0) -> (out, lse)
+
+* dense: q ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hk, D]`` -> out like q, lse ``[B, Hq, Sq]`` fp32;
+* packed (``cu_seqlens_q``/``cu_seqlens_k`` int32 ``[B+1]``, max lengths given): q
+  ``[total_q, Hq, D]``, k/v ``[total_k, Hk, D]`` -> out like q, lse ``[Hq, total_q]`` fp32;
+* ``seqused_k`` (int32 ``[B]``, dense only): keys past it are ignored and causal/window masks
+  align to it, as flash-attn's ``seqused_k``.
+
+Any strides are accepted (no copies). lse is the natural-log sum of exp of the scaled scores;
+rows that see no key get out 0 and lse +inf (flash-attn 2 does the same). The caller validates
+arguments (``_validate.py``); this module assumes they are consistent.
+
+Algorithm (why it is fast): exp2 with ``scale*log2(e)`` folded into one multiply; q stays in
+registers; the key loop is split into blocks that need no mask (the bulk) and the few that cross
+a causal/window diagonal or the sequence end, chosen with constexpr flags so the bulk loop has no
+``where`` and no bounds checks. Causal prefill at head_dim <= 64 launches the heaviest row blocks
+of all heads first, in L2-sized chunks of heads (``_row_order``), so the last wave is short.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _configs
+from ._launch import Launcher
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# Launch orders of the (row block, batch row * head) programs. Under a causal (or right-window)
+# mask a row block's cost grows with its index, so the order decides how ragged the last wave
+# is. HEAVY_FIRST starts the last row block of every head in a chunk of heads, then the one
+# before, and so on (longest-job-first: the tail is made of the cheapest blocks); chunks run one
+# after the other and are sized so the K/V they stream fits in L2. PER_HEAD reverses the row
+# blocks inside each head only, which leaves heavy blocks of the last heads for the end;
+# IN_ORDER is for rows whose blocks all cost about the same, where neighbours share K/V in L2.
+_IN_ORDER, _PER_HEAD, _HEAVY_FIRST = 0, 1, 2
+ORDER_IN_ORDER: tl.constexpr = tl.constexpr(_IN_ORDER)
+ORDER_PER_HEAD: tl.constexpr = tl.constexpr(_PER_HEAD)
+ORDER_HEAVY_FIRST: tl.constexpr = tl.constexpr(_HEAVY_FIRST)
+_ORDERS = {"in_order": _IN_ORDER, "per_head": _PER_HEAD, "heavy_first": _HEAVY_FIRST}
+# K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
+# halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
+# 64, 16 MB was 0.6-3 % faster than one chunk of every head at 8x2048 and 16x1024 in four runs,
+# and within 1 % of it at 8k-16k tokens (bench/results/prefill-order-2026-11-30.md).
+# Benchmarks may change it.
+L2_BUDGET_BYTES = 16 << 20
+# CUDA's limit on grid.y and grid.z, where HEAVY_FIRST puts the row blocks and the chunks.
+_MAX_GRID_YZ = 65535
+
+
+@triton.jit
+def _tanh(x):
+    # 1 - 2/(e^{2x}+1) saturates cleanly to +-1 and runs under the interpreter (no libdevice).
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TRANS: tl.constexpr = False):
+    """Raw q.k -> scores in log2 units (softcap, then ALiBi, as flash-attn orders them).
+
+    TRANS: the tile is [keys, queries] (the backward's dK/dV layout).
+    """
+    if HAS_SOFTCAP:
+        s = _tanh(qk * softcap_scale) * (softcap * 1.4426950408889634)
+    else:
+        s = qk * qk_scale
+    if HAS_ALIBI:
+        if TRANS:
+            dist = (offs_m[None, :] + diag - offs_n[:, None]).to(tl.float32)
+        else:
+            dist = (offs_m[:, None] + diag - offs_n[None, :]).to(tl.float32)
+        s = s - slope2 * tl.abs(dist)
+    return s
+
+
+@triton.jit
+def _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TRANS: tl.constexpr = False):
+    if TRANS:
+        rows = offs_m[None, :]
+        cols = offs_n[:, None]
+    else:
+        rows = offs_m[:, None]
+        cols = offs_n[None, :]
+    ok = cols < seqlen_k
+    if HAS_RIGHT:
+        ok = ok & (cols <= rows + diag + window_right)
+    if HAS_LEFT:
+        ok = ok & (cols >= rows + diag - window_left)
+    return ok
+
+
+@triton.jit
+def _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, TRANS: tl.constexpr = False):
+    """Keep mask for a [M, N] tile ([N, M] with TRANS); one offset per (batch, head, query, key)."""
+    if TRANS:
+        offs = rng_base + offs_m[None, :].to(tl.int64) * rng_sk + offs_n[:, None]
+    else:
+        offs = rng_base + offs_m[:, None].to(tl.int64) * rng_sk + offs_n[None, :]
+    return tl.rand(seed, offs) >= dropout_p
+
+
+@triton.jit
+def _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Key blocks [lo, hi) that rows [m0, m0+BLOCK_M) can see, and the unmasked part [flo, fhi)."""
+    lo = 0
+    hi = seqlen_k
+    flo = 0
+    fhi = (seqlen_k // BLOCK_N) * BLOCK_N
+    if HAS_LEFT:
+        lo = tl.maximum(m0 + diag - window_left, 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        flo = tl.maximum(m0 + BLOCK_M - 1 + diag - window_left, 0)
+        flo = ((flo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(m0 + BLOCK_M + diag + window_right, seqlen_k)
+        fhi = tl.minimum(m0 + diag + window_right + 1, seqlen_k)
+        fhi = (tl.maximum(fhi, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)
+    flo = tl.minimum(tl.maximum(flo, lo), hi)
+    fhi = tl.maximum(tl.minimum(fhi, hi), flo)
+    return lo, hi, flo, fhi
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+               start, end, seqlen_k, head_dim, diag, window_left, window_right,
+               qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
+               MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    offs_nb = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + offs_nb
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        if MASKED:
+            kv_mask = offs_n[:, None] < seqlen_k
+            if not EVEN_D:
+                kv_mask = kv_mask & (offs_d[None, :] < head_dim)
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                        HAS_SOFTCAP, HAS_ALIBI)
+            ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                          HAS_LEFT, HAS_RIGHT)
+            s = tl.where(ok, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with nothing allowed yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_use[:, None])
+        elif HAS_SOFTCAP or HAS_ALIBI:
+            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
+                        HAS_SOFTCAP, HAS_ALIBI)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = m_new
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            # The hot path: scale folded into the max and one fused multiply-add before exp2.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_use = m_new
+            p = tl.exp2(qk * qk_scale - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
+            p = tl.where(keep, p, 0.0)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            v = tl.load(v_ptrs)
+        else:
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, Out, Lse, CuQ, CuK, SeqUsedK, Alibi,
+    stride_qb, stride_qm, stride_qh,
+    stride_kb, stride_kn, stride_kh,
+    stride_vb, stride_vn, stride_vh,
+    stride_ob, stride_om, stride_oh,
+    stride_lb, stride_lh, stride_lm,
+    stride_ab, stride_ah,
+    seqlen_q_dense, seqlen_k_dense, n_heads_q, group, head_dim,
+    qk_scale, softcap_scale, softcap, window_left, window_right,
+    dropout_p, seed, rng_sq, rng_sk,
+    IS_VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+    ORDER: tl.constexpr, STORE_LSE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # ORDER picks which program the GPU starts first (it dispatches in grid order, x fastest);
+    # see ``_row_order`` on the host.
+    if ORDER == ORDER_HEAVY_FIRST:
+        # grid (heads in a chunk, row blocks, chunks)
+        pid_bh = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    elif ORDER == ORDER_PER_HEAD:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads_q
+    h = pid_bh % n_heads_q
+    hk = h // group
+    if IS_VARLEN:
+        q_start = tl.load(CuQ + b)
+        seqlen_q = tl.load(CuQ + b + 1) - q_start
+        k_start = tl.load(CuK + b)
+        seqlen_k = tl.load(CuK + b + 1) - k_start
+    else:
+        q_start = 0
+        seqlen_q = seqlen_q_dense
+        k_start = 0
+        seqlen_k = seqlen_k_dense
+    if HAS_SEQUSED:
+        seqlen_k = tl.load(SeqUsedK + b)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    diag = seqlen_k - seqlen_q
+    b64 = b.to(tl.int64)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q_mask = offs_m[:, None] < seqlen_q
+    if not EVEN_D:
+        q_mask = q_mask & (offs_d[None, :] < head_dim)
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
+    rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    lo, hi, flo, fhi = _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
+                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    # Masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end.
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                               offs_d, lo, flo, seqlen_k, head_dim, diag, window_left,
+                               window_right, qk_scale, softcap_scale, softcap, slope2, seed,
+                               rng_base, rng_sk, dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT,
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                               offs_d, flo, fhi, seqlen_k, head_dim, diag, window_left,
+                               window_right, qk_scale, softcap_scale, softcap, slope2, seed,
+                               rng_base, rng_sk, dropout_p, False, EVEN_D, HAS_LEFT, HAS_RIGHT,
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
+                               offs_d, fhi, hi, seqlen_k, head_dim, diag, window_left,
+                               window_right, qk_scale, softcap_scale, softcap, slope2, seed,
+                               rng_base, rng_sk, dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT,
+                               HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+
+    empty = l_i == 0.0
+    inv_l = 1.0 / tl.where(empty, 1.0, l_i)
+    if HAS_DROPOUT:
+        inv_l = inv_l / (1.0 - dropout_p)
+    out = acc * inv_l[:, None]
+    lse = tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+
+    o_base = Out + b64 * stride_ob + h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_om
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=q_mask)
+    if STORE_LSE:
+        l_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
+        tl.store(l_base + offs_m * stride_lm, lse, mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _dropout_mask_kernel(Mask, seed, dropout_p, n_heads_q, rng_sq, rng_sk,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads_q
+    h = pid_bh % n_heads_q
+    rng_base = (b.to(tl.int64) * n_heads_q + h) * rng_sq * rng_sk
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    base = Mask + pid_bh.to(tl.int64) * rng_sq * rng_sk
+    for n0 in range(0, rng_sk, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
+        ptrs = base + offs_m[:, None] * rng_sk + offs_n[None, :]
+        tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < rng_sq) & (offs_n[None, :] < rng_sk))
+
+
+def dropout_keep_mask(seed: int, batch: int, heads_q: int, rng_sq: int, rng_sk: int,
+                      dropout_p: float, device: torch.device) -> torch.Tensor:
+    """The keep mask ``[B, Hq, rng_sq, rng_sk]`` (bool) the kernels draw for ``seed``.
+
+    A debug hook: tests replay it through the PyTorch reference to check that forward and
+    backward use the same mask. For packed input, row ``b`` covers that sequence's positions
+    relative to its start, with ``rng_sq``/``rng_sk`` the max lengths.
+    """
+    mask = torch.empty(batch, heads_q, rng_sq, rng_sk, dtype=torch.int8, device=device)
+    grid = (triton.cdiv(rng_sq, 16), batch * heads_q)
+    _dropout_mask_kernel[grid](mask, seed, dropout_p, heads_q, rng_sq, rng_sk, BLOCK_M=16, BLOCK_N=16)
+    return mask.bool()
+
+
+_CAPABILITY: dict = {}
+
+
+def capability_of(device: torch.device) -> Tuple[int, int]:
+    """A CUDA device's capability, asked once per device: the query costs host time per launch."""
+    cap = _CAPABILITY.get(device)
+    if cap is None:
+        cap = _CAPABILITY[device] = torch.cuda.get_device_capability(device)
+    return cap
+
+
+def device_capability(t: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """GPU capability of ``t``'s device, or None when running under the interpreter (CPU)."""
+    device = t.device
+    return capability_of(device) if device.type == "cuda" else None
+
+
+def next_pow2_dim(d: int) -> int:
+    # plain int arithmetic: triton.next_power_of_2 is a jit-wrapped helper whose call costs
+    # microseconds on every launch, and decode steps are bound by host time
+    return max(16, 1 << (int(d) - 1).bit_length())
+
+
+def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: int, programs_bh: int,
+               heads_per_chunk: int) -> int:
+    """The launch order (an ``ORDER_*`` value) for a call.
+
+    Measured on an H200 (bench/prefill_order.py, bench/results/prefill-order-2026-11-30.md):
+    with rows bounded on the right only (causal, or a right window) HEAVY_FIRST beat PER_HEAD by
+    3-7 % at head_dim 64 (8x2048 to 1x16384, GQA 32/8) but lost 2-7 % at head_dim 128 on three
+    of four shapes, chunked or not; with a left window too, blocks cost about the same and
+    PER_HEAD was as fast as IN_ORDER and 1.5-3 % ahead of HEAVY_FIRST. So HEAVY_FIRST is taken
+    for padded head dims up to 64 only. It also needs the row blocks and the chunks to fit
+    CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
+    """
+    if not masked_right:
+        return _IN_ORDER
+    if (window_left or block_d > 64 or row_blocks > _MAX_GRID_YZ
+            or programs_bh // heads_per_chunk > _MAX_GRID_YZ):
+        return _PER_HEAD
+    return _HEAVY_FIRST
+
+
+@functools.lru_cache(maxsize=64)
+def _heads_per_chunk(programs_bh: int, group: int, kv_head_bytes: int, budget: int) -> int:
+    """How many (batch row, query head) programs one HEAVY_FIRST chunk holds.
+
+    The largest divisor of ``programs_bh`` that is a whole number of GQA groups (query heads
+    sharing a K/V head stay together: they read the same K/V) and whose distinct K/V heads fit
+    in ``budget`` bytes; at least one group.
+    """
+    cap = max(1, budget // max(kv_head_bytes, 1)) * group
+    if cap >= programs_bh:
+        return programs_bh
+    best = group
+    for d in range(group, min(cap, programs_bh) + 1, group):
+        if programs_bh % d == 0:
+            best = d
+    return best
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: int = 0,
+    out: Optional[torch.Tensor] = None,
+    config: Optional[Tuple[int, int, int, int]] = None,
+    store_lse: bool = True,
+    row_order: Optional[str] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``.
+
+    ``store_lse=False`` (inference callers that drop it) skips the lse buffer: lse is None.
+
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table, and
+    ``row_order`` ("in_order", "per_head", "heavy_first") the launch order (benchmarks; the
+    default is :func:`_row_order`'s choice).
+    """
+    varlen = cu_seqlens_q is not None
+    head_dim = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if varlen:
+        batch = cu_seqlens_q.numel() - 1
+        total_q, hq, _ = q.shape
+        hk = k.shape[1]
+        sq_max, sk_max = int(max_seqlen_q), int(max_seqlen_k)
+        lse = torch.empty(hq, total_q, device=q.device, dtype=torch.float32) if store_lse else None
+        strides = ((0,) + q.stride()[:2] + (0,) + k.stride()[:2] + (0,) + v.stride()[:2]
+                   + (0,) + out.stride()[:2] + ((0,) + lse.stride() if store_lse else (0, 0, 0)))
+    else:
+        batch, sq_max, hq, _ = q.shape
+        sk_max, hk = k.shape[1], k.shape[2]
+        lse = torch.empty(batch, hq, sq_max, device=q.device, dtype=torch.float32) if store_lse else None
+        strides = (q.stride()[:3] + k.stride()[:3] + v.stride()[:3] + out.stride()[:3]
+                   + (lse.stride() if store_lse else (0, 0, 0)))
+    left, right = int(window_size[0]), int(window_size[1])
+    if causal:
+        right = 0
+    if alibi_slopes is not None:
+        strides += (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 else (0, alibi_slopes.stride(0))
+    else:
+        strides += (0, 0)
+    if sq_max == 0 or batch == 0:
+        return out, lse
+    block_d = next_pow2_dim(head_dim)
+    cap = device_capability(q)
+    softcap = float(softcap)
+    # Absent optional pointers are passed as None: Triton makes them compile-time constants, so
+    # the launch neither reads nor validates them (each validated pointer is host time per call).
+    args = (
+        q, k, v, out, lse,
+        cu_seqlens_q if varlen else None, cu_seqlens_k if varlen else None,
+        seqused_k, alibi_slopes,
+        *strides,
+        sq_max, sk_max, hq, hq // hk, head_dim,
+        float(softmax_scale) * LOG2E, float(softmax_scale) / softcap if softcap > 0 else 1.0, softcap,
+        left, right,
+        float(dropout_p), int(seed), sq_max, sk_max,
+    )
+    flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
+             alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
+
+    programs_bh = batch * hq
+    chunk = programs_bh
+    if right >= 0:
+        chunk = _heads_per_chunk(programs_bh, hq // hk, sk_max * head_dim * 2 * q.element_size(),
+                                 L2_BUDGET_BYTES)
+
+    def launch(cfg):
+        bm_, bn_, w_, s_ = cfg
+        blocks = (sq_max + bm_ - 1) // bm_
+        order = (_row_order(right >= 0, left >= 0, block_d, blocks, programs_bh, chunk) if row_order is None
+                 else _ORDERS[row_order])
+        grid = (chunk, blocks, programs_bh // chunk) if order == _HEAVY_FIRST else (blocks, programs_bh, 1)
+        _FWD(grid, args, flags + (order, store_lse, bm_, bn_, block_d), w_, s_)
+
+    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
+    launch(_configs.choose("fwd", cap, block_d, shape_class, config,
+                           lambda c: triton.testing.do_bench(lambda: launch(c))))
+    return out, lse
+
+
+_FWD = Launcher(_fwd_kernel)
