@@ -63,6 +63,14 @@ def _option(name: str, default: str) -> str:
     return default
 
 
+# --shapes=decide: what the shipped choice of tile and loop form rests on (d=64 and d=128)
+DECIDE_SHAPES = [(16, 1024, 32, 8, 64, True, -1), (8, 2048, 32, 8, 64, True, -1),
+                 (4, 4096, 32, 8, 64, True, -1), (2, 8192, 32, 8, 64, True, -1),
+                 (1, 16384, 32, 8, 64, True, -1), (8, 2048, 32, 8, 64, False, -1),
+                 (2, 8192, 32, 8, 64, False, -1), (2, 8192, 32, 8, 64, True, 1024),
+                 (8, 2000, 32, 8, 64, True, -1),
+                 (8, 2048, 32, 8, 128, True, -1), (4, 4096, 32, 8, 128, True, -1),
+                 (1, 16384, 32, 8, 128, True, -1), (8, 2048, 32, 8, 128, False, -1)]
 SHAPE_SET = _option("shapes", "all")
 # --configs=BMxBNxWxS,...: tile configs timed with split and merged loops beside the shipped one
 CONFIGS = [tuple(int(v) for v in c.split("x")) for c in _option("configs", "").split(",") if c]
@@ -115,7 +123,7 @@ def main() -> None:
         "rows": [],
     }
     t0 = time.time()
-    for b, s, hq, hk, d, causal, left in (SHORT_SHAPES if SHAPE_SET == "short" else SHAPES):
+    for b, s, hq, hk, d, causal, left in {"short": SHORT_SHAPES, "decide": DECIDE_SHAPES}.get(SHAPE_SET, SHAPES):
         torch.manual_seed(0)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16)
