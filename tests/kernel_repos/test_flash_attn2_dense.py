@@ -262,6 +262,41 @@ def test_every_launch_order_computes_every_row_block_of_every_head(order, l2_bud
     assert lse_err(lse, ref_lse) < LSE_TOL[torch.float16]
 
 
+@pytest.mark.parametrize("one_loop", [True, False], ids=["one-loop", "two-loops"])
+@pytest.mark.parametrize("sk", [48, 47], ids=["keys-multiple-of-block", "ragged-keys"])
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(window_size=(5, 3)), dict(causal=True, window_size=(9, -1)),
+                                  dict(causal=True, softcap=4.0)],
+                         ids=["causal", "window", "causal-left-window", "causal-softcap"])
+@pytest.mark.parametrize("sq", [53, 40], ids=["sq>sk", "sq<sk"])
+def test_diagonal_blocks_in_one_loop_or_two_give_the_reference(one_loop, sk, opts, sq):
+    """Right-bounded rows walk the bulk and the diagonal in one loop (masking from the diagonal
+    on) or in two; either way every row is right, whether or not the keys fill the last block."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    q = torch.randn(2, sq, 4, 32, dtype=torch.float16)
+    k, v = (torch.randn(2, sk, 2, 32, dtype=torch.float16) for _ in range(2))
+    with poisoned_allocations():
+        out, lse = fwd.attention_forward(q, k, v, softmax_scale=32 ** -0.5, merge_diag=one_loop,
+                                         causal=opts.get("causal", False), softcap=opts.get("softcap", 0.0),
+                                         window_size=opts.get("window_size", (-1, -1)))
+    ref_out, ref_lse = reference(q.double(), k.double(), v.double(), **opts)
+    assert rel_err(out, ref_out) < TOL[torch.float16]
+    assert lse_err(lse, ref_lse) < LSE_TOL[torch.float16]
+
+
+def test_diagonal_loop_rule():
+    """One loop for right-bounded rows up to MERGE_DIAG_MAX_KEYS keys, two above; unbounded rows
+    have no diagonal."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    limit = fwd.MERGE_DIAG_MAX_KEYS
+    assert fwd._one_loop(True, limit) and fwd._one_loop(True, 1)
+    assert not fwd._one_loop(True, limit + 1)
+    assert not fwd._one_loop(False, 1024)
+
+
 def test_launch_order_rule():
     """Causal rows at head_dim <= 64 start heaviest-first; wider heads, a left window or a grid
     past CUDA's limits keep the per-head order; unmasked rows run in order."""
@@ -308,6 +343,13 @@ def test_heavy_first_chunks_hold_whole_gqa_groups_within_the_l2_budget():
         (lambda: fa.flash_attn_func(*(torch.randn(1, 4, 2, 32) for _ in range(3)), alibi_slopes=torch.rand(3)),
          ValueError, "alibi_slopes"),
         (lambda: fa.flash_attn_func(*(torch.randn(4, 2, 32) for _ in range(3))), ValueError, "4-D"),
+        (lambda: fa.flash_attn_func(*(torch.randn(1, 4, 2, 32) for _ in range(3)), softmax_scale=-0.1),
+         ValueError, "softmax_scale must be a finite number > 0"),
+        (lambda: fa.flash_attn_func(*(torch.randn(1, 4, 2, 32) for _ in range(3)), softmax_scale=float("nan")),
+         ValueError, "softmax_scale"),
+        (lambda: fa.flash_attn_with_kvcache(torch.randn(1, 1, 2, 32), torch.randn(1, 8, 2, 32),
+                                            torch.randn(1, 8, 2, 32), softmax_scale=0.0),
+         ValueError, "softmax_scale"),
     ],
 )
 def test_unsupported_input_raises_clear_error(make, exc, words):

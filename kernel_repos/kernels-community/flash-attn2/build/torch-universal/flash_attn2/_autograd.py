@@ -17,6 +17,7 @@ import torch
 from . import _torch_impl, _validate
 
 _WARNED = set()
+_INF = float("inf")
 _CUDA_BACKENDS: dict = {}  # device -> backend: the answer cannot change within a process
 
 
@@ -213,6 +214,8 @@ def attention(
         window_size = (-1, -1)  # plain ints, whatever equal-to--1 values came in
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
+    elif not 0.0 < softmax_scale < _INF:
+        _validate.check_softmax_scale(softmax_scale)
     seed = draw_seed() if dropout_p > 0.0 else 0
     backend = backend_for(q)
     if backend == "torch":

@@ -19,10 +19,13 @@ Config = Tuple[int, int, int, int]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward kernel.
 _FWD_SM90: Dict[int, Config] = {  # H100/H200; measured on an H200 (bench/NOTES-attention.md)
     32: (128, 64, 8, 4),
-    # d=64: 3 stages at or above 4 on every row of bench/results/host-overhead-2026-11-30-call3.json
-    # (GQA 32/8, 1k-8k tokens, causal and not: 1.00-1.04x)
-    64: (128, 64, 8, 3),
-    128: (128, 64, 8, 3),
+    # d=64 and d=128: 64-row tiles on one warpgroup, 3 stages. Once the diagonal blocks became
+    # cheap (one compare and select, one loop with the bulk), they beat 128x64 / 8 warps on every
+    # causal and non-causal GQA row from 1k to 16k tokens, by 2-10 % at d=64 and 7-12 % at d=128,
+    # and 40 % under a 1k sliding window (bench/results/prefill-mask-2026-11-30.md). Smaller
+    # programs also leave less of a ragged last wave and fit three to an SM.
+    64: (64, 64, 4, 3),
+    128: (64, 64, 4, 3),
     256: (128, 64, 8, 2),
 }
 # sm80/sm8x tables are estimates (no A100 was available to measure them).

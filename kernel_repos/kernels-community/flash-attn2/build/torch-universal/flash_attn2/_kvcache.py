@@ -307,8 +307,7 @@ def flash_attn_with_kvcache(
     page_size = k_cache.shape[1]
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[1]
     seqlen_new = k.shape[1] if k is not None else 0
-    if softmax_scale is None:
-        softmax_scale = dim ** -0.5
+    softmax_scale = dim ** -0.5 if softmax_scale is None else _validate.check_softmax_scale(softmax_scale)
     left, right = int(window_size[0]), int(window_size[1])
     if causal:
         right = 0

@@ -55,8 +55,12 @@ _ORDERS = {"in_order": _IN_ORDER, "per_head": _PER_HEAD, "heavy_first": _HEAVY_F
 MASK_NONE: tl.constexpr = tl.constexpr(0)
 MASK_ALL: tl.constexpr = tl.constexpr(1)
 MASK_FROM: tl.constexpr = tl.constexpr(2)
-# Experiment (bench/prefill_mask.py): one loop from the bulk into the diagonal blocks.
-MERGE_DIAG = False
+# Rows bounded on the right (causal, right windows) walk the bulk and the diagonal blocks in one
+# loop (MASK_FROM) when the keys are at most this long, and in two loops above it. One loop
+# saves the pipeline's drain and refill at the diagonal, once per program; its branch costs a
+# little on every step. On an H200 (bench/prefill_mask.py, bench/results/prefill-mask-2026-11-30.md)
+# one loop was 2-9 % faster from 1k to 4k keys, even at 8k, and 5 % slower at 16k.
+MERGE_DIAG_MAX_KEYS = 8192
 # K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
 # halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
 # 64, 16 MB was 0.6-3 % faster than one chunk of every head at 8x2048 and 16x1024 in four runs,
@@ -305,6 +309,7 @@ def _fwd_kernel(
                                rng_base, rng_sk, dropout_p, MASK_ALL, EVEN_D, EVEN_N, HAS_LEFT,
                                HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
     if MERGE_DIAG:
+        # blocks from fhi on are masked
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
                                    offs_d, flo, hi, fhi, seqlen_k, head_dim, diag, window_left,
                                    window_right, qk_scale, softcap_scale, softcap, slope2, seed,
@@ -411,6 +416,12 @@ def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: 
     return _HEAVY_FIRST
 
 
+def _one_loop(masked_right: bool, keys: int) -> bool:
+    """Whether rows bounded on the right walk the bulk and the diagonal blocks in one loop
+    (``MERGE_DIAG_MAX_KEYS``); rows without a right bound have no diagonal."""
+    return masked_right and keys <= MERGE_DIAG_MAX_KEYS
+
+
 @functools.lru_cache(maxsize=64)
 def _heads_per_chunk(programs_bh: int, group: int, kv_head_bytes: int, budget: int) -> int:
     """How many (batch row, query head) programs one HEAVY_FIRST chunk holds.
@@ -450,14 +461,16 @@ def attention_forward(
     config: Optional[Tuple[int, int, int, int]] = None,
     store_lse: bool = True,
     row_order: Optional[str] = None,
+    merge_diag: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``.
 
     ``store_lse=False`` (inference callers that drop it) skips the lse buffer: lse is None.
 
-    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table, and
-    ``row_order`` ("in_order", "per_head", "heavy_first") the launch order (benchmarks; the
-    default is :func:`_row_order`'s choice).
+    ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table,
+    ``row_order`` ("in_order", "per_head", "heavy_first") the launch order, and ``merge_diag``
+    whether right-bounded rows walk the bulk and the diagonal in one loop (benchmarks and tests;
+    the defaults are :func:`_row_order`'s choice and ``MERGE_DIAG_MAX_KEYS``).
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
@@ -521,9 +534,9 @@ def attention_forward(
         # EVEN_N: every key block ends inside every sequence (dense keys only: varlen and seqused
         # lengths vary per row)
         even_n = not varlen and seqused_k is None and sk_max % bn_ == 0
-        _FWD(grid, args, flags + (even_n, MERGE_DIAG and even_n, order, store_lse, bm_, bn_, block_d),
-             w_, s_)
+        _FWD(grid, args, flags + (even_n, merge, order, store_lse, bm_, bn_, block_d), w_, s_)
 
+    merge = _one_loop(right >= 0, sk_max) if merge_diag is None else right >= 0 and bool(merge_diag)
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
     launch(_configs.choose("fwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c))))

@@ -92,6 +92,15 @@ def check_options(
             raise ValueError(f"alibi_slopes must be on {device}, got {alibi_slopes.device}")
 
 
+def check_softmax_scale(softmax_scale: float) -> float:
+    """The scale as a float. Raises ValueError unless it is finite and > 0: the kernels take the
+    row maximum of the raw scores and scale it after, which only holds for a positive scale."""
+    scale = float(softmax_scale)
+    if not 0.0 < scale < float("inf"):
+        raise ValueError(f"softmax_scale must be a finite number > 0 (default 1/sqrt(head_dim)), got {softmax_scale}")
+    return scale
+
+
 def check_cu_seqlens(
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
