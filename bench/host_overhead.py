@@ -631,6 +631,8 @@ def main() -> None:
         busy = {impl: [] for impl in impls}
         span = {impl: [] for impl in impls}
         wall = {impl: [] for impl in impls}
+        gaps = {impl: {} for impl in impls}  # "kernel before -> kernel after": [count, us] per prefill
+        runtime_calls = {impl: {} for impl in impls}  # name: calls per prefill
 
         def prefill():
             return model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
@@ -654,6 +656,22 @@ def main() -> None:
                         torch.cuda.synchronize()
                     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
                     intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+                    # the GPU's idle gaps over 10 us, by the kernel that ends before them, and the
+                    # runtime calls that can stall the host (synchronisations, copies)
+                    by_start = sorted(kernels, key=lambda e: e.time_range.start)
+                    end_so_far, prev = None, None
+                    for e in by_start:
+                        if end_so_far is not None and e.time_range.start - end_so_far > 10:
+                            key = f"{prev.name[:60]} -> {e.name[:60]}"
+                            g = gaps[impl].setdefault(key, [0, 0.0])
+                            g[0] += 1
+                            g[1] += (e.time_range.start - end_so_far) / 4
+                        if end_so_far is None or e.time_range.end > end_so_far:
+                            end_so_far, prev = e.time_range.end, e
+                    for e in prof.events():
+                        if e.device_type != DeviceType.CUDA and any(
+                                w in e.name for w in ("Synchronize", "Memcpy", "nonzero", "item", "_local_scalar")):
+                            runtime_calls[impl][e.name] = runtime_calls[impl].get(e.name, 0) + 0.25
                     total, cur_s, cur_e = 0.0, None, None
                     for a, b_ in intervals:
                         if cur_e is None or a > cur_e:
@@ -690,7 +708,15 @@ def main() -> None:
         for r in rows[:15]:
             log(f"  {r['ours_minus_sdpa_us']:9.1f}  sdpa {r['sdpa_us']:9.1f}  ours {r['ours_us']:9.1f}  {r['kernel']}")
         log(f"non-attention kernel time per prefill (impl, position in pair, us): {others}")
-        return {"summary": summary, "by_kernel": rows, "non_attention_by_position": others}
+        top_gaps = {impl: sorted(([k, round(v[1], 1), v[0] / 4] for k, v in gaps[impl].items()),
+                                 key=lambda r: -r[1])[:12] for impl in impls}
+        for impl in impls:
+            log(f"idle gaps > 10 us per prefill, {impl}: {sum(v[1] for v in gaps[impl].values()):.1f} us")
+            for k, us_, n in top_gaps[impl]:
+                log(f"    {us_:8.1f} us  x{n:5.2f}  {k}")
+            log(f"  host calls per prefill, {impl}: {runtime_calls[impl]}")
+        return {"summary": summary, "by_kernel": rows, "non_attention_by_position": others,
+                "idle_gaps_over_10us": top_gaps, "host_calls_per_prefill": runtime_calls}
     save()
 
     @phase("inmodel", "5a' the prefill attention inputs as the model makes them: strides, ours vs sdpa on them")
