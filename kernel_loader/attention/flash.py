@@ -6,7 +6,8 @@ shipped kernel: anything with ``flash_attn_varlen_func`` (and usually ``flash_at
 option the kernel lacks raises instead of being dropped.
 
 Paths, in order: a 2D padding mask -> unpad, varlen, pad back; explicit ``cu_seq_lens_q/k`` ->
-varlen; packed sequences in one row (``position_ids`` restarting) -> varlen; else the dense call.
+varlen; packed sequences (``position_ids`` restarting: in one row, or in several without a cache,
+as transformers reads them) -> varlen; else the dense call.
 Causal masks are bottom-right aligned when query and key lengths differ (FlashAttention's rule).
 """
 
@@ -184,8 +185,19 @@ _has_restarts = _PerTensorAnswer(_restarts)
 _all_true = _PerTensorAnswer(lambda mask: bool(mask.all()))
 
 
-def _is_packed(position_ids: torch.Tensor | None, batch: int, q_len: int) -> bool:
+def _is_packed(position_ids: torch.Tensor | None, batch: int, q_len: int, use_cache: Any) -> bool:
+    """Whether restarting ``position_ids`` mark sequences packed together, as transformers reads them.
+
+    Reading the positions costs a host-device sync (once per tensor, see _PerTensorAnswer), which
+    stalls the launch queue mid-forward. transformers looks for packed sequences in one row (its
+    FlashAttention path) and, for any batch, only when no cache is in use (its mask builders): a
+    cached batch of several rows is never packed, so those calls (prefill and generation) skip it.
+    transformers 4.57 hands attention functions ``use_cache=False`` whatever the model was given,
+    so there the positions are still read: a sync, never a different answer.
+    """
     if position_ids is None or q_len == 1 or position_ids.shape[-1] != q_len:
+        return False
+    if batch > 1 and use_cache:
         return False
     return _has_restarts(position_ids)
 
@@ -317,7 +329,8 @@ def flash_attention_forward(
 
     Keyword options (as transformers passes them; others are ignored): ``dropout`` (0.0),
     ``scaling`` (None: 1/sqrt(D)), ``sliding_window``, ``softcap``, ``is_causal`` (None: the
-    module's ``is_causal``, else True), ``position_ids`` (packed sequences when they restart),
+    module's ``is_causal``, else True), ``position_ids`` (packed sequences when they restart, in
+    one row or, when ``use_cache`` is false or absent, in several), ``use_cache``,
     ``cu_seq_lens_q``/``cu_seq_lens_k``/``max_length_q``/``max_length_k`` (packed input given
     directly), ``s_aux`` (attention sinks), ``deterministic``, ``output_attentions``.
 
@@ -418,7 +431,7 @@ def _forward(
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
         out = _varlen(fk, *flat, cu_seq_lens_q, kw["cu_seq_lens_k"], kw["max_length_q"], kw["max_length_k"], opts)
         out = out.view(batch, -1, *out.shape[1:])
-    elif _is_packed(position_ids, batch, q_len) and q_len == k.shape[1]:
+    elif q_len == k.shape[1] and _is_packed(position_ids, batch, q_len, get("use_cache")):
         cu, max_len = cu_seqlens_from_position_ids(position_ids.expand(batch, -1))
         cu = cu.to(q.device)
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]

@@ -106,6 +106,27 @@ def test_packed_sequences_in_several_rows():
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_several_rows_with_a_cache_are_not_packed_and_their_positions_are_not_read():
+    """As in transformers, a cached batch of several rows is never packed; the wrapper does not
+    even read the positions (a meta tensor has no values to read: reading would raise)."""
+    case = make_case(b=2, hq=2, hkv=2, sq=5)
+    pos = torch.empty(2, 5, dtype=torch.long, device="meta")
+    out, _ = flash_attention_forward(module(), case.q, case.k, case.v, None, kernel=varlen_only, position_ids=pos,
+                                     use_cache=True)
+    assert calls == [("varlen", [0, 5, 10], [0, 5, 10])]  # one sequence per row
+    torch.testing.assert_close(out.double(), reference_attention(case.q, case.k, case.v), atol=1e-5, rtol=1e-5)
+
+
+def test_one_packed_row_is_packed_with_or_without_a_cache():
+    case = make_case(b=1, hq=2, hkv=2, sq=5)
+    pos = torch.tensor([[0, 1, 0, 1, 2]])
+    out, _ = flash_attention_forward(module(), case.q, case.k, case.v, None, kernel=varlen_only, position_ids=pos,
+                                     use_cache=True)
+    assert calls[0][1] == [0, 2, 5]
+    ref = reference_attention(case.q, case.k, case.v, seq_ids=torch.tensor([[0, 0, 1, 1, 1]]), positions=pos)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
 def test_unpad_pad_roundtrip():
     x = torch.randn(2, 4, 3)
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
