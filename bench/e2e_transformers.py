@@ -156,6 +156,29 @@ def _worst_rel(grads: dict[str, Any], reference: dict[str, Any]) -> float:
     )
 
 
+def _divergence(ref: Any, ids: Any, mask: Any, expected: Any, ours: Any) -> dict[str, Any]:
+    """Where two greedy generations part: the first differing step and row, and how close the
+    reference's own logits were there (its top-1 minus the logit of the token we chose). A gap of
+    a few bf16 ulps is a near-tie that any rounding difference may flip."""
+    import torch
+
+    new_ref, new_ours = expected[:, ids.shape[1]:], ours[:, ids.shape[1]:]
+    differ = (new_ref != new_ours).nonzero()
+    step = int(differ[:, 1].min())
+    row = int(differ[differ[:, 1] == step][0, 0])
+    prefix = expected[row:row + 1, : ids.shape[1] + step]
+    prefix_mask = torch.cat([mask[row:row + 1], mask.new_ones(1, step)], dim=1)
+    with torch.no_grad():
+        # positions as generate() derives them from a left-padded mask
+        positions = (prefix_mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = ref(prefix, attention_mask=prefix_mask, position_ids=positions).logits[0, -1].float()
+    top = int(new_ref[row, step])
+    chosen = int(new_ours[row, step])
+    return {"step": step, "row": row, "reference_token": top, "our_token": chosen,
+            "reference_logit_gap": round(float(logits[top] - logits[chosen]), 5),
+            "reference_top1_logit": round(float(logits[top]), 4)}
+
+
 def parity_checks(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]) -> dict[str, Any]:
     """Parity of the bridge vs sdpa/eager on small models: hidden states, greedy tokens, gradients.
 
@@ -192,7 +215,10 @@ def parity_checks(transformers: Any, device: str, dtype: Any, sizes: dict[str, A
             kwargs = dict(attention_mask=mask, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
             with torch.no_grad():
                 expected_tokens = ref.generate(ids, **kwargs)
-                row["greedy_16_tokens_identical"] = torch.equal(ours.generate(ids, **kwargs), expected_tokens)
+                our_tokens = ours.generate(ids, **kwargs)
+                row["greedy_16_tokens_identical"] = torch.equal(our_tokens, expected_tokens)
+                if not row["greedy_16_tokens_identical"]:
+                    row["greedy_divergence"] = _divergence(ref, ids, mask, expected_tokens, our_tokens)
                 if noise is not None:
                     # random weights leave near-ties between logits: does a second standard
                     # implementation keep the reference's tokens?
@@ -388,6 +414,9 @@ def _markdown(result: dict[str, Any]) -> str:
             if noise and "grad_worst_rel_err" in noise:
                 grad += f" ({noise['grad_worst_rel_err']:.3g})"
         greedy = str(row.get("greedy_16_tokens_identical", "—"))
+        if "greedy_divergence" in row:
+            dv = row["greedy_divergence"]
+            greedy += f" (step {dv['step']}: reference logit gap {dv['reference_logit_gap']:.3g})"
         if noise and "greedy_16_tokens_identical" in noise:
             greedy += f" (noise floor: {noise['greedy_16_tokens_identical']})"
         lines.append(
