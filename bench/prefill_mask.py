@@ -71,6 +71,13 @@ DECIDE_SHAPES = [(16, 1024, 32, 8, 64, True, -1), (8, 2048, 32, 8, 64, True, -1)
                  (8, 2000, 32, 8, 64, True, -1),
                  (8, 2048, 32, 8, 128, True, -1), (4, 4096, 32, 8, 128, True, -1),
                  (1, 16384, 32, 8, 128, True, -1), (8, 2048, 32, 8, 128, False, -1)]
+# --shapes=final: the shipped rule against the kernel before it, MHA (16 heads, as in
+# bench/attention.py's table) and GQA rows, causal and not; only shipped / baseline / sdpa
+FINAL_SHAPES = [(16, 1024, 16, 16, 64, True, -1), (4, 4096, 16, 16, 64, False, -1),
+                (1, 16384, 16, 16, 64, False, -1), (16, 1024, 16, 16, 128, True, -1),
+                (4, 4096, 16, 16, 128, True, -1), (1, 16384, 16, 16, 128, True, -1),
+                (1, 16384, 16, 16, 128, False, -1), (8, 2048, 32, 8, 64, True, -1),
+                (4, 4096, 32, 8, 128, True, -1)]
 SHAPE_SET = _option("shapes", "all")
 # --configs=BMxBNxWxS,...: tile configs timed with split and merged loops beside the shipped one
 CONFIGS = [tuple(int(v) for v in c.split("x")) for c in _option("configs", "").split(",") if c]
@@ -127,7 +134,7 @@ def main() -> None:
         "rows": [],
     }
     t0 = time.time()
-    for b, s, hq, hk, d, causal, left in {"short": SHORT_SHAPES, "decide": DECIDE_SHAPES}.get(SHAPE_SET, SHAPES):
+    for b, s, hq, hk, d, causal, left in {"short": SHORT_SHAPES, "decide": DECIDE_SHAPES, "final": FINAL_SHAPES}.get(SHAPE_SET, SHAPES):
         torch.manual_seed(0)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -145,8 +152,9 @@ def main() -> None:
         if base is not None:
             contenders["baseline"] = ours(base)
         contenders["shipped"] = ours(fwd)
-        contenders["split loops"] = ours(fwd, False, BASE_CONFIG[d])
-        contenders["merged loop"] = ours(fwd, True, BASE_CONFIG[d])
+        if SHAPE_SET != "final":
+            contenders["split loops"] = ours(fwd, False, BASE_CONFIG[d])
+            contenders["merged loop"] = ours(fwd, True, BASE_CONFIG[d])
         for cfg in CONFIGS:
             tag = "x".join(map(str, cfg))
             contenders[f"split {tag}"] = ours(fwd, False, cfg)

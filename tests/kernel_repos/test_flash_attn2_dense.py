@@ -297,6 +297,24 @@ def test_diagonal_loop_rule():
     assert not fwd._one_loop(False, 1024)
 
 
+def test_forward_tile_rule():
+    """sm90 gives rows bounded on the right 64-row tiles (at d=128 only with GQA or short keys);
+    everything else takes the per-head-dim table."""
+    import importlib
+
+    cfg = importlib.import_module(fa.__name__ + "._configs")
+    small, table = (64, 64, 4, 3), cfg.pick("fwd", (9, 0), 128)
+    assert table != small
+    assert cfg.pick_fwd((9, 0), 64, True, 1, 16384) == small
+    assert cfg.pick_fwd((9, 0), 128, True, 4, 16384) == small
+    assert cfg.pick_fwd((9, 0), 128, True, 1, 2048) == small
+    assert cfg.pick_fwd((9, 0), 128, True, 1, 4096) == table
+    assert cfg.pick_fwd((9, 0), 128, False, 4, 2048) == table
+    assert cfg.pick_fwd((9, 0), 256, True, 4, 2048) == cfg.pick("fwd", (9, 0), 256)
+    assert cfg.pick_fwd((8, 0), 64, True, 4, 2048) == cfg.pick("fwd", (8, 0), 64)
+    assert cfg.pick_fwd(None, 64, True, 4, 2048) == cfg.pick("fwd", None, 64)
+
+
 def test_launch_order_rule():
     """Causal rows at head_dim <= 64 start heaviest-first; wider heads, a left window or a grid
     past CUDA's limits keep the per-head order; unmasked rows run in order."""

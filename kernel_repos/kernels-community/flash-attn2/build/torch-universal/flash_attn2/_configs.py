@@ -19,15 +19,23 @@ Config = Tuple[int, int, int, int]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward kernel.
 _FWD_SM90: Dict[int, Config] = {  # H100/H200; measured on an H200 (bench/NOTES-attention.md)
     32: (128, 64, 8, 4),
-    # d=64 and d=128: 64-row tiles on one warpgroup, 3 stages. Once the diagonal blocks became
-    # cheap (one compare and select, one loop with the bulk), they beat 128x64 / 8 warps on every
-    # causal and non-causal GQA row from 1k to 16k tokens, by 2-10 % at d=64 and 7-12 % at d=128,
-    # and 40 % under a 1k sliding window (bench/results/prefill-mask-2026-11-30.md). Smaller
-    # programs also leave less of a ragged last wave and fit three to an SM.
-    64: (64, 64, 4, 3),
-    128: (64, 64, 4, 3),
+    # d=64: 3 stages at or above 4 on every row of bench/results/host-overhead-2026-11-30-call3.json
+    # (GQA 32/8, 1k-8k tokens, causal and not: 1.00-1.04x)
+    64: (128, 64, 8, 3),
+    128: (128, 64, 8, 3),
     256: (128, 64, 8, 2),
 }
+# Rows bounded on the right (causal, right windows) on sm90: 64-row tiles on one warpgroup, 3
+# stages, three programs to an SM. Once the diagonal blocks became cheap (one compare and select,
+# one loop with the bulk), these beat 128x64 / 8 warps at d=64 on every row measured: GQA 32/8
+# from 1k to 16k tokens (1.05-1.15x), 16 heads MHA (1.05-1.26x), and 1.4x under a 1k sliding
+# window (bench/results/prefill-mask-2026-11-30.md). At d=128 they won with GQA (1.05-1.08x at 2k
+# to 16k) and at 1k tokens (1.18x MHA), but lost 3-5 % with 16 MHA heads at 4k-16k, where each
+# K/V block, read twice as often by 64-row tiles, is not shared by the heads of a group.
+# Unbounded rows keep the tables above: there 64-row tiles lost 5-7 % with MHA at 4k-16k.
+_FWD_SM90_RIGHT: Dict[int, Config] = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3)}
+_RIGHT_MHA_MAX_KEYS = 2048  # d=128 MHA: 64-row tiles up to this many keys
+
 # sm80/sm8x tables are estimates (no A100 was available to measure them).
 _FWD_SM80: Dict[int, Config] = {
     32: (128, 64, 4, 3),
@@ -90,6 +98,17 @@ def pick(kind: str, capability: Optional[Tuple[int, int]], block_d: int) -> tupl
     return _table(kind, capability)[block_d]
 
 
+def pick_fwd(capability: Optional[Tuple[int, int]], block_d: int, masked_right: bool, group: int,
+             keys: int) -> Config:
+    """The shipped forward config for a call: ``pick("fwd", ...)``, or on sm90 for rows bounded on
+    the right the 64-row tile of ``_FWD_SM90_RIGHT`` (at d=128 only with GQA or short keys)."""
+    if masked_right and capability is not None and capability[0] == 9:
+        cfg = _FWD_SM90_RIGHT.get(block_d)
+        if cfg is not None and (block_d < 128 or group > 1 or keys <= _RIGHT_MHA_MAX_KEYS):
+            return cfg
+    return pick("fwd", capability, block_d)
+
+
 # Read once at import (set the variable before importing the kernel): the launch path consults
 # it on every call, where an environment lookup is measurable host time.
 AUTOTUNE = os.environ.get("FLASH_ATTN2_AUTOTUNE", "0") == "1"
@@ -121,12 +140,15 @@ _TUNED: Dict[tuple, Config] = {}
 
 
 def choose(kind: str, capability: Optional[Tuple[int, int]], block_d: int, shape_class: tuple,
-           override: Optional[tuple], time_fn: Callable[[tuple], float]) -> tuple:
-    """The config a launch uses: ``override`` if given, else the shipped one, or with
-    ``FLASH_ATTN2_AUTOTUNE=1`` on a GPU the fastest candidate for this shape class (``tuned``)."""
+           override: Optional[tuple], time_fn: Callable[[tuple], float],
+           shipped: Optional[tuple] = None) -> tuple:
+    """The config a launch uses: ``override`` if given, else the shipped one (``shipped``, or
+    ``pick``'s), or with ``FLASH_ATTN2_AUTOTUNE=1`` on a GPU the fastest candidate for this shape
+    class (``tuned``)."""
     if override is not None:
         return override
-    shipped = pick(kind, capability, block_d)
+    if shipped is None:
+        shipped = pick(kind, capability, block_d)
     if capability is None or not AUTOTUNE:
         return shipped
     return tuned((kind, capability, block_d) + shape_class, shipped, kind, block_d, time_fn)

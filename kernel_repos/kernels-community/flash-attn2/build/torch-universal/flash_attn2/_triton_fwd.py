@@ -537,9 +537,10 @@ def attention_forward(
         _FWD(grid, args, flags + (even_n, merge, order, store_lse, bm_, bn_, block_d), w_, s_)
 
     merge = _one_loop(right >= 0, sk_max) if merge_diag is None else right >= 0 and bool(merge_diag)
-    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
+    shipped = None if config is not None else _configs.pick_fwd(cap, block_d, right >= 0, hq // hk, sk_max)
+    shape_class = (q.dtype, causal, left >= 0, right >= 0, softcap > 0, alibi_slopes is not None)
     launch(_configs.choose("fwd", cap, block_d, shape_class, config,
-                           lambda c: triton.testing.do_bench(lambda: launch(c))))
+                           lambda c: triton.testing.do_bench(lambda: launch(c)), shipped))
     return out, lse
 
 
