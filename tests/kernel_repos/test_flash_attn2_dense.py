@@ -160,6 +160,14 @@ def test_decode_heads_first_declines_what_it_does_not_serve(why, change):
     assert fa.flash_attn_decode_heads_first(q, k, v, None, True, (-1, -1), None).shape == (1, 1, 4, 32)
 
 
+def test_decode_heads_first_declines_a_scale_flash_attn_func_refuses():
+    q = torch.randn(1, 4, 1, 32, dtype=torch.float16)
+    k, v = (torch.randn(1, 2, 20, 32, dtype=torch.float16) for _ in range(2))
+    assert fa.flash_attn_decode_heads_first(q, k, v, -0.2, True) is None
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fa.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=-0.2, causal=True)
+
+
 def test_inference_without_lse_returns_the_same_output():
     q, k, v = (t.detach() for t in _inputs(2, 40, 50, 4, 2, 64, torch.float16))
     with torch.no_grad(), poisoned_allocations():

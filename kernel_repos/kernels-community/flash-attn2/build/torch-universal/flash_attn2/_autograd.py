@@ -138,7 +138,8 @@ def decode_heads_first(
             and ks[1] > 0 and qs[1] % ks[1] == 0 and 0 < qs[2] <= DECODE_MAX_QUERY and qs[2] <= ks[2]
             and 1 <= qs[3] <= _validate.MAX_HEAD_DIM and q.dtype == k.dtype == v.dtype
             and q.device == k.device == v.device and softcap >= 0.0
-            and window_size[0] >= -1 and window_size[1] >= -1):
+            and window_size[0] >= -1 and window_size[1] >= -1
+            and (softmax_scale is None or 0.0 < softmax_scale < _INF)):
         return None
     backend = backend_for(q)
     if backend == "torch" or q.dtype not in (_validate.GPU_DTYPES if backend == "gpu" else _validate.INTERPRETER_DTYPES):

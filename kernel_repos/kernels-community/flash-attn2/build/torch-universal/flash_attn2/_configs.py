@@ -27,10 +27,10 @@ _FWD_SM90: Dict[int, Config] = {  # H100/H200; measured on an H200 (bench/NOTES-
 }
 # Rows bounded on the right (causal, right windows) on sm90: 64-row tiles on one warpgroup, 3
 # stages, three programs to an SM. Once the diagonal blocks became cheap (one compare and select,
-# one loop with the bulk), these beat 128x64 / 8 warps at d=64 on every row measured: GQA 32/8
-# from 1k to 16k tokens (1.05-1.15x), 16 heads MHA (1.05-1.26x), and 1.4x under a 1k sliding
-# window (bench/results/prefill-mask-2026-11-30.md). At d=128 they won with GQA (1.05-1.08x at 2k
-# to 16k) and at 1k tokens (1.18x MHA), but lost 3-5 % with 16 MHA heads at 4k-16k, where each
+# one loop with the bulk), these beat 128x64 / 8 warps at d=64 on every row measured: 1.05-1.09x
+# with the same diagonal handling (GQA 32/8, 1k-16k tokens), 1.4x under a 1k sliding window, and
+# ahead with 16 MHA heads too (bench/results/prefill-mask-2026-11-30.md). At d=128 they won with
+# GQA (1.05-1.08x at 2k to 16k) and at 1k tokens (1.18x MHA), but lost 3-5 % with 16 MHA heads at 4k-16k, where each
 # K/V block, read twice as often by 64-row tiles, is not shared by the heads of a group.
 # Unbounded rows keep the tables above: there 64-row tiles lost 5-7 % with MHA at 4k-16k.
 _FWD_SM90_RIGHT: Dict[int, Config] = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3)}

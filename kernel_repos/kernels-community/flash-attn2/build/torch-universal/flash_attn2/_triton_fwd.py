@@ -17,11 +17,14 @@ Any strides are accepted (no copies). lse is the natural-log sum of exp of the s
 rows that see no key get out 0 and lse +inf (flash-attn 2 does the same). The caller validates
 arguments (``_validate.py``); this module assumes they are consistent.
 
-Algorithm (why it is fast): exp2 with ``scale*log2(e)`` folded into one multiply; q stays in
-registers; the key loop is split into blocks that need no mask (the bulk) and the few that cross
-a causal/window diagonal or the sequence end, chosen with constexpr flags so the bulk loop has no
-``where`` and no bounds checks. Causal prefill at head_dim <= 64 launches the heaviest row blocks
-of all heads first, in L2-sized chunks of heads (``_row_order``), so the last wave is short.
+Algorithm (why it is fast): exp2 with ``scale*log2(e)`` folded into one multiply (the scale
+must be > 0: the row max is taken on raw scores); q stays in registers; key blocks that need no
+mask (the bulk) run without ``where`` or bounds checks, and the few that cross a causal/window
+diagonal or the sequence end mask raw scores with one compare and select. Rows bounded on the
+right walk bulk and diagonal in one loop up to ``MERGE_DIAG_MAX_KEYS`` keys, so the software
+pipeline does not drain at the diagonal. Causal prefill at head_dim <= 64 launches the heaviest
+row blocks of all heads first, in L2-sized chunks of heads (``_row_order``), so the last wave is
+short. Tile sizes: ``_configs.pick_fwd``.
 """
 
 from __future__ import annotations
