@@ -60,6 +60,43 @@ def bench_ms(fn: Callable[[], object]) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+def interleaved_us(contenders: Dict[str, Callable[[], object]], rounds: int = 11,
+                   calls: int = 10) -> Dict[str, List[float]]:
+    """Microseconds per call of each contender (CUDA events over ``calls`` launches), timed in
+    ``rounds`` rounds that each time every contender once, starting at a rotating position, so
+    clock drift and heat spread over all of them. Returns the samples; report their median."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    names = list(contenders)
+    samples: Dict[str, List[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = contenders[name]
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) * 1000.0 / calls)
+    return samples
+
+
+def reference_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                   window_left: int = -1) -> torch.Tensor:
+    """fp64 attention on ``[B, S, H, D]`` tensors (GQA: K/V heads repeated; masks top-left
+    aligned, equal lengths), returned in the same layout."""
+    s = q.shape[1]
+    g = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2).double() for t in (q, k, v))
+    kt, vt = kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
+    i = torch.arange(s, device=q.device)
+    allowed = torch.ones(s, s, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed &= i[None, :] <= i[:, None]
+    if window_left >= 0:
+        allowed &= i[None, :] >= i[:, None] - window_left
+    return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=allowed).transpose(1, 2)
+
+
 def _sdpa_backend(name: str):
     from torch.nn.attention import SDPBackend
 

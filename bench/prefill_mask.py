@@ -102,20 +102,6 @@ def load_baseline(path: Path):
     return importlib.import_module(name + "._triton_fwd")
 
 
-def reference(q, k, v, causal, left):
-    b, s, hq, d = q.shape
-    g = hq // k.shape[2]
-    qt, kt, vt = (t.transpose(1, 2).double() for t in (q, k, v))
-    kt, vt = kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
-    i = torch.arange(s, device=q.device)
-    allowed = torch.ones(s, s, dtype=torch.bool, device=q.device)
-    if causal:
-        allowed &= i[None, :] <= i[:, None]
-    if left >= 0:
-        allowed &= i[None, :] >= i[:, None] - left
-    return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=allowed).transpose(1, 2)
-
-
 def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +149,7 @@ def main() -> None:
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             contenders["sdpa"] = lambda: F.scaled_dot_product_attention(
                 qt, kt, vt, is_causal=causal, scale=scale, enable_gqa=True).transpose(1, 2)
-        ref = reference(q, k, v, causal, left).float() if b * s <= 16384 and s <= 2048 else None
+        ref = A.reference_bshd(q, k, v, causal, left).float() if b * s <= 16384 and s <= 2048 else None
         maxabs = {}
         for name, fn in contenders.items():
             o = fn()
@@ -173,18 +159,8 @@ def main() -> None:
         for fn in contenders.values():  # warm-up
             fn()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         names = list(contenders)
-        samples = {n: [] for n in names}
-        for r in range(11):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                fn = contenders[name]
-                start.record()
-                for _ in range(10):
-                    fn()
-                end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end) * 100.0)
+        samples = A.interleaved_us(contenders)
         us = {n: median_high(v) for n, v in samples.items()}
         ref_name = "sdpa" if "sdpa" in us else names[0]
         row = {"shape": {"batch": b, "seq": s, "heads": f"{hq}/{hk}", "head_dim": d, "causal": causal,

@@ -41,6 +41,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+import attention as A  # noqa: E402
+
 
 @triton.jit
 def _step(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, n0, qk_scale,
@@ -157,8 +159,7 @@ def forward(q, k, v, cfg=(128, 64, 8, 3), persistent=0, prefetch=False, fake_dia
     o = torch.empty_like(q) if q.is_cuda else torch.full_like(q, float("nan"))
     programs_bh = b * hq
     if hpc is None:
-        from importlib import import_module
-        fwd = import_module("attention").forward_module()
+        fwd = A.forward_module()
         hpc = fwd._heads_per_chunk(programs_bh, hq // hk, s * d * 2 * q.element_size(), fwd.L2_BUDGET_BYTES)
     row_blocks = s // bm
     n_tiles = row_blocks * programs_bh
@@ -174,18 +175,11 @@ def forward(q, k, v, cfg=(128, 64, 8, 3), persistent=0, prefetch=False, fake_dia
                       **({"maxnreg": maxnreg} if maxnreg else {})), o
 
 
-def reference(q, k, v):
-    qt, kt, vt = (t.transpose(1, 2).double() for t in (q, k, v))
-    g = q.shape[2] // k.shape[2]
-    kt, vt = kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
-    return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True).transpose(1, 2)
-
-
 def check_cpu() -> None:
     torch.manual_seed(0)
     q = torch.randn(2, 64, 4, 32) * 2
     k, v = (torch.randn(2, 64, 2, 32) for _ in range(2))
-    ref = reference(q, k, v)
+    ref = A.reference_bshd(q, k, v)
     for persistent, prefetch, hpc in ((0, False, 4), (0, False, 8), (1, False, 4), (1, True, 4), (3, True, 2)):
         _, out = forward(q, k, v, (16, 16, 4, 1), persistent, prefetch, hpc=hpc)
         err = float((out.double() - ref).abs().max())
@@ -209,8 +203,6 @@ def _compiled_info(kernel) -> dict:
 def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    import attention as A
-
     fwd = A.forward_module()
     hq, hk, d = 32, 8, 64
     result = {"date": datetime.date.today().isoformat(),
@@ -258,7 +250,7 @@ def main() -> None:
                    "persistent4 prefetch 64x64x4x3": dict(cfg=(64, 64, 4, 3), persistent=4, prefetch=True)}
         for name, kw in exp.items():
             contenders[name] = (lambda kw=kw: forward(q, k, v, **kw)[1])
-        ref = reference(q, k, v).float() if s <= 2048 else None
+        ref = A.reference_bshd(q, k, v).float() if s <= 2048 else None
         errors, names = {}, []
         seen = set(fwd._FWD._cache)
         for name, fn in contenders.items():
@@ -280,17 +272,7 @@ def main() -> None:
         for name in names:  # warm-up
             contenders[name]()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        samples = {n: [] for n in names}
-        for r in range(11):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                fn = contenders[name]
-                start.record()
-                for _ in range(10):
-                    fn()
-                end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end) * 100.0)
+        samples = A.interleaved_us({n: contenders[n] for n in names})
         us = {n: median_high(v) for n, v in samples.items()}
         row = {"batch": b, "seq": s, "us": {n: round(t, 1) for n, t in us.items()},
                "vs_sdpa": {n: round(us["sdpa"] / t, 3) for n, t in us.items()},
