@@ -157,26 +157,18 @@ def _worst_rel(grads: dict[str, Any], reference: dict[str, Any]) -> float:
 
 
 def _divergence(ref: Any, ids: Any, mask: Any, expected: Any, ours: Any) -> dict[str, Any]:
-    """Where two greedy generations part: the first differing step and row, and how close the
-    reference's own logits were there (its top-1 minus the logit of the token we chose). A gap of
-    a few bf16 ulps is a near-tie that any rounding difference may flip."""
-    import torch
+    """Where two greedy generations part, judged by the reference model: the example's
+    ``first_divergence`` (step, row, both tokens, the reference's logit gap between them) plus
+    whether that gap is a near-tie in the model's dtype."""
+    import importlib.util
 
-    new_ref, new_ours = expected[:, ids.shape[1]:], ours[:, ids.shape[1]:]
-    differ = (new_ref != new_ours).nonzero()
-    step = int(differ[:, 1].min())
-    row = int(differ[differ[:, 1] == step][0, 0])
-    prefix = expected[row:row + 1, : ids.shape[1] + step]
-    prefix_mask = torch.cat([mask[row:row + 1], mask.new_ones(1, step)], dim=1)
-    with torch.no_grad():
-        # positions as generate() derives them from a left-padded mask
-        positions = (prefix_mask.long().cumsum(-1) - 1).clamp(min=0)
-        logits = ref(prefix, attention_mask=prefix_mask, position_ids=positions).logits[0, -1].float()
-    top = int(new_ref[row, step])
-    chosen = int(new_ours[row, step])
-    return {"step": step, "row": row, "reference_token": top, "our_token": chosen,
-            "reference_logit_gap": round(float(logits[top] - logits[chosen]), 5),
-            "reference_top1_logit": round(float(logits[top]), 4)}
+    spec = importlib.util.spec_from_file_location("_example_transformers_generate",
+                                                  REPO_ROOT / "examples" / "transformers_generate.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    found = example.first_divergence(ref, ids, mask, expected, ours)
+    found["near_tie"] = example.is_near_tie(found["gap"], found["top1"], next(ref.parameters()).dtype)
+    return {k: round(v, 5) if isinstance(v, float) else v for k, v in found.items()}
 
 
 def parity_checks(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]) -> dict[str, Any]:
@@ -416,7 +408,8 @@ def _markdown(result: dict[str, Any]) -> str:
         greedy = str(row.get("greedy_16_tokens_identical", "—"))
         if "greedy_divergence" in row:
             dv = row["greedy_divergence"]
-            greedy += f" (step {dv['step']}: reference logit gap {dv['reference_logit_gap']:.3g})"
+            greedy += (f" (step {dv['step']}: reference logit gap {dv['gap']:.3g}"
+                       + (", a near-tie)" if dv.get("near_tie") else ")"))
         if noise and "greedy_16_tokens_identical" in noise:
             greedy += f" (noise floor: {noise['greedy_16_tokens_identical']})"
         lines.append(
