@@ -124,6 +124,21 @@ def _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
 
 
 @triton.jit
+def _masked(x, n0, mask_from, offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+            MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EVEN_N: tl.constexpr):
+    """The tile ``x`` (keys from ``n0``) with the scores its rows may not see set to -inf: in every
+    block (MASK_ALL), in blocks from ``mask_from`` on (MASK_FROM), or nowhere (MASK_NONE)."""
+    if MASKED == MASK_ALL:
+        x = tl.where(_allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                              HAS_LEFT, HAS_RIGHT, False, EVEN_N), x, float("-inf"))
+    elif MASKED == MASK_FROM:
+        if n0 >= mask_from:
+            x = tl.where(_allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                                  HAS_LEFT, HAS_RIGHT, False, EVEN_N), x, float("-inf"))
+    return x
+
+
+@triton.jit
 def _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, TRANS: tl.constexpr = False):
     """Keep mask for a [M, N] tile ([N, M] with TRANS); one offset per (batch, head, query, key)."""
     if TRANS:
@@ -186,28 +201,14 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
         if HAS_SOFTCAP or HAS_ALIBI:
             s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
                         HAS_SOFTCAP, HAS_ALIBI)
-            if MASKED == MASK_ALL:
-                ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                              HAS_LEFT, HAS_RIGHT, False, EVEN_N)
-                s = tl.where(ok, s, float("-inf"))
-            elif MASKED == MASK_FROM:
-                if n0 >= mask_from:
-                    ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                                  HAS_LEFT, HAS_RIGHT, False, EVEN_N)
-                    s = tl.where(ok, s, float("-inf"))
+            s = _masked(s, n0, mask_from, offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                        MASKED, HAS_LEFT, HAS_RIGHT, EVEN_N)
             m_new = tl.maximum(m_i, tl.max(s, 1))
         else:
             # Scores stay raw: the scale (> 0, checked by the caller) folds into the max and
             # into one fused multiply-add before exp2; a masked score is -inf either way.
-            if MASKED == MASK_ALL:
-                ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                              HAS_LEFT, HAS_RIGHT, False, EVEN_N)
-                qk = tl.where(ok, qk, float("-inf"))
-            elif MASKED == MASK_FROM:
-                if n0 >= mask_from:
-                    ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                                  HAS_LEFT, HAS_RIGHT, False, EVEN_N)
-                    qk = tl.where(ok, qk, float("-inf"))
+            qk = _masked(qk, n0, mask_from, offs_m, offs_n, seqlen_k, diag, window_left, window_right,
+                         MASKED, HAS_LEFT, HAS_RIGHT, EVEN_N)
             s = qk * qk_scale
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         if MASKED != MASK_NONE:
