@@ -31,13 +31,13 @@ SEQS = (1024, 4096, 16384)
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 
 
-def load_package():
-    """The shipped flash_attn2 package, imported by path under a private name."""
-    name = "_bench_attention_flash_attn2"
+def load_package(package_dir: Path = PACKAGE_DIR, name: str = "_bench_attention_flash_attn2"):
+    """The flash_attn2 package in ``package_dir`` (the shipped one by default), imported by path
+    under the private module name ``name`` (once per name)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, PACKAGE_DIR / "__init__.py",
-                                                  submodule_search_locations=[str(PACKAGE_DIR)])
+    spec = importlib.util.spec_from_file_location(name, Path(package_dir) / "__init__.py",
+                                                  submodule_search_locations=[str(package_dir)])
     pkg = importlib.util.module_from_spec(spec)
     sys.modules[name] = pkg
     spec.loader.exec_module(pkg)

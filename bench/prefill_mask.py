@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -93,13 +92,8 @@ def load_baseline(path: Path):
     pkg_dir = tmp / "flash_attn2"
     shutil.copytree(A.PACKAGE_DIR, pkg_dir, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(path, pkg_dir / "_triton_fwd.py")
-    name = "_bench_baseline_flash_attn2"
-    spec = importlib.util.spec_from_file_location(name, pkg_dir / "__init__.py",
-                                                  submodule_search_locations=[str(pkg_dir)])
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules[name] = pkg
-    spec.loader.exec_module(pkg)
-    return importlib.import_module(name + "._triton_fwd")
+    pkg = A.load_package(pkg_dir, "_bench_baseline_flash_attn2")
+    return importlib.import_module(pkg.__name__ + "._triton_fwd")
 
 
 def main() -> None:

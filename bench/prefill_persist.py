@@ -42,28 +42,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import attention as A  # noqa: E402
-
-
-@triton.jit
-def _step(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, n0, qk_scale,
-          MASKED: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
-    qk = tl.dot(q, tl.trans(k))
-    if MASKED:
-        s = tl.where(offs_n[None, :] <= offs_m[:, None], qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :])
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_new
+from prefill_exp2 import _step  # noqa: E402  (the control step of that experiment: plain exp2)
 
 
 @triton.jit
@@ -101,11 +80,11 @@ def _tile(q, pid_m, pid_bh, K, V, O, stride_kb, stride_kn, stride_kh, stride_vb,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     fhi = (m0 // BLOCK_N) * BLOCK_N  # seqlen_q == seqlen_k, a multiple of BLOCK_M: diag = 0
     for n0 in range(0, fhi, BLOCK_N):
-        acc, l_i, m_i = _step(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, n0,
-                              qk_scale, False, BLOCK_N, HEAD_DIM)
+        acc, l_i, m_i = _step(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, n0, 0,
+                              qk_scale, False, 0, BLOCK_M, BLOCK_N, HEAD_DIM)
     for n0 in range(fhi, m0 + BLOCK_M, BLOCK_N):
-        acc, l_i, m_i = _step(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, n0,
-                              qk_scale, not FAKE_DIAG, BLOCK_N, HEAD_DIM)
+        acc, l_i, m_i = _step(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, n0, 0,
+                              qk_scale, not FAKE_DIAG, 0, BLOCK_M, BLOCK_N, HEAD_DIM)
     out = acc / l_i[:, None]
     tl.store(O + b * stride_ob + h.to(tl.int64) * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(O.dtype.element_ty))

@@ -79,8 +79,6 @@ if "--check" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIR = (REPO_ROOT / "kernel_repos" / "kernels-community" / "flash-attn2" / "build"
-               / "torch-universal" / "flash_attn2")
 LOG2E = 1.4426950408889634
 
 # The GPU shape.
@@ -639,16 +637,10 @@ def compile_stats(fn) -> dict:
 def load_shipped_fwd():
     """The shipped package's _triton_fwd module, imported by path under a private name."""
     import importlib
-    import importlib.util
 
-    name = "_prefill_variants_flash_attn2"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, PACKAGE_DIR / "__init__.py",
-                                                      submodule_search_locations=[str(PACKAGE_DIR)])
-        pkg = importlib.util.module_from_spec(spec)
-        sys.modules[name] = pkg
-        spec.loader.exec_module(pkg)
-    return importlib.import_module(name + "._triton_fwd")
+    import attention
+
+    return importlib.import_module(attention.load_package(name="_prefill_variants_flash_attn2").__name__ + "._triton_fwd")
 
 
 # ----------------------------------------------------------------------------------------------
