@@ -159,7 +159,7 @@ def main() -> None:
 
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from kernel_loader.attention import flash as flash_mod
+    from kernel_loader.attention.backends import flash as flash_mod
 
     ours = flash_mod.make_flash_attention(kernel)
 

@@ -284,7 +284,7 @@ def chain_attention(name: str) -> Any:
 
     The kernel is resolved on the first call, so importing kernel_loader never touches the Hub.
     """
-    from kernel_loader.attention.flash import flash_attention_forward
+    from kernel_loader.attention.backends.flash import flash_attention_forward
 
     def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
         kwargs.pop("kernel", None)

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from kernel_loader.attention.flash import FLASH_API, make_flash_attention
+from kernel_loader.attention.backends.flash import make_flash_attention
+from kernel_loader.attention.backends.flash_api import FLASH_API
+from kernel_loader.attention.backends.paged import make_paged_attention
 from kernel_loader.attention.mask_formatters import (
     eager_mask,
     flash_attention_mask,
@@ -31,11 +33,18 @@ from kernel_loader.attention.mask_formatters import (
     paged_attention_mask,
     sdpa_mask,
 )
-from kernel_loader.attention.paged import make_paged_attention
 from kernel_loader.attention.registry import AttentionInterface, AttentionMaskInterface
 from kernel_loader.errors import InvalidKernelRefError, UnusableKernelError
+from kernel_loader.refs import KernelRef, looks_like_kernel_ref
 
-__all__ = ["KernelBackend", "register_kernel_backend", "kernel_attention_function", "MASK_FORMATS"]
+__all__ = [
+    "KernelBackend",
+    "register_kernel_backend",
+    "register_kernel_name",
+    "kernel_attention_function",
+    "registered_kernel_backends",
+    "MASK_FORMATS",
+]
 
 MASK_FORMATS: dict[str, Callable[..., Any]] = {
     "sdpa": sdpa_mask,
@@ -107,11 +116,13 @@ def kernel_attention_function(name: str, kernel: ModuleType, function: str | Non
     )
 
 
-def register_kernel_backend(name: str, **loader_kwargs: Any) -> KernelBackend:
+def register_kernel_backend(name: str | KernelRef, **loader_kwargs: Any) -> KernelBackend:
     """Load the kernel ``name`` refers to and register it in both attention registries (globally).
 
-    ``loader_kwargs`` go to :func:`kernel_loader.loader.get_kernel` (``trust_remote_code``,
-    ``local_files_only``, ``backend``...). Registering the same name twice returns the first result.
+    ``name`` is a kernel id or the :class:`KernelRef` parsed from one (then it is not parsed
+    again); the registered name is ``str(ref)``. ``loader_kwargs`` go to
+    :func:`kernel_loader.loader.get_kernel` (``trust_remote_code``, ``local_files_only``,
+    ``backend``...). Registering the same name twice returns the first result.
 
     Raises:
         InvalidKernelRefError: ``name`` is not a kernel id, or has an unknown ``wrapper|`` prefix.
@@ -119,22 +130,38 @@ def register_kernel_backend(name: str, **loader_kwargs: Any) -> KernelBackend:
         UnusableKernelError: the kernel exports nothing usable as attention.
     """
     from kernel_loader.loader import get_kernel
-    from kernel_loader.refs import KernelRef
 
+    text = str(name)
     with _lock:
-        if name in _registered:
-            return _registered[name]
-        ref = KernelRef.parse(name)
+        if text in _registered:
+            return _registered[text]
+        ref = name if isinstance(name, KernelRef) else KernelRef.parse(name)
         if ref.wrapper not in _WRAPPERS:
             raise InvalidKernelRefError(
-                f"{name!r}: unknown prefix {ref.wrapper + '|'!r}; the only attention wrapper is 'paged|'."
+                f"{text!r}: unknown prefix {ref.wrapper + '|'!r}; the only attention wrapper is 'paged|'."
             )
         kernel = get_kernel(ref.repo_id, ref.revision, **loader_kwargs)
-        backend = kernel_attention_function(name, kernel, ref.function, ref.wrapper)
-        AttentionInterface.register(name, backend.attention)
-        AttentionMaskInterface.register(name, backend.mask_formatter)
-        _registered[name] = backend
+        backend = kernel_attention_function(text, kernel, ref.function, ref.wrapper)
+        AttentionInterface.register(text, backend.attention)
+        AttentionMaskInterface.register(text, backend.mask_formatter)
+        _registered[text] = backend
         return backend
+
+
+def register_kernel_name(name: str) -> bool:
+    """The registries' name resolver: register ``name`` when it is a kernel id (see registry).
+
+    Returns False for names of another shape (``"sdpa"``, a typo), so the registry can say they
+    are unknown.
+
+    Raises:
+        InvalidKernelRefError, KernelNotFoundError, UnusableKernelError, ...: as
+            :func:`register_kernel_backend`, for a name that looks like a kernel id.
+    """
+    if not looks_like_kernel_ref(name):
+        return False
+    register_kernel_backend(name)
+    return True
 
 
 def registered_kernel_backends() -> dict[str, KernelBackend]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kernel_loader.attention.masks import (
+from kernel_loader.attention.mask_functions import (
     MaskFunction,
     add_offsets_to_mask_function,
     and_masks,
@@ -272,35 +272,3 @@ BUILTIN_MASK_FORMATTERS: dict[str, Callable[..., Any]] = {
     "paged|flash_attention_2": paged_attention_mask,
     "paged|flash_attention_3": paged_attention_mask,
 }
-
-
-def implicit_mask(
-    q_length: int,
-    kv_length: int,
-    is_causal: bool,
-    sliding_window: int | None = None,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor | None:
-    """The bool ``[1, 1, q, kv]`` pattern a backend applies when it gets ``attention_mask=None``.
-
-    Matches sdpa's conventions so that every backend agrees: a single query token is the last
-    position (decoding) and sees every key; otherwise queries start at key 0 (top-left, as sdpa's
-    ``is_causal``). A sliding window counts back from the query's position. None when nothing is
-    masked.
-    """
-    q_offset = kv_length - 1 if q_length == 1 else 0
-    causal = is_causal and q_length > 1
-    window = sliding_window is not None and kv_length > sliding_window
-    if not causal and not window:
-        return None
-    q = (torch.arange(q_length, device=device) + q_offset)[:, None]
-    kv = torch.arange(kv_length, device=device)[None, :]
-    mask = torch.ones(q_length, kv_length, dtype=torch.bool, device=device)
-    if causal:
-        mask &= kv <= q
-    if window:
-        if is_causal:
-            mask &= kv > q - sliding_window
-        else:
-            mask &= (q - kv).abs() <= sliding_window
-    return mask[None, None]

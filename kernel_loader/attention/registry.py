@@ -5,9 +5,13 @@ class-wide (global) mapping seen by every instance; ``instance[name] = fn`` chan
 instance (a model file can override ``"sdpa"`` for itself); lookups check the instance first,
 then the global mapping.
 
-Two additions: a kernel id (``"org/repo[@rev][:fn]"``, optionally ``"paged|org/repo"``) looked up
-in either registry is loaded and registered on the spot (see ``kernel_backends``), and an unknown
-name raises :class:`UnknownAttentionBackendError` listing what is registered.
+Two additions: a name that is not registered is offered to the name resolvers installed with
+:func:`install_name_resolver` (``kernel_loader.attention`` installs the one that loads kernel ids,
+``"org/repo[@rev][:fn]"`` and ``"paged|org/repo"``, from ``kernel_backends``), and an unknown name
+raises :class:`UnknownAttentionBackendError` listing what is registered.
+
+This module imports nothing else of ``kernel_loader.attention``: the registries are plain
+mappings that every layer above may use, and loading kernels is a job installed from outside.
 """
 
 from __future__ import annotations
@@ -22,11 +26,22 @@ logger = logging.getLogger(__name__)
 
 _warned_none_name = False
 
+NameResolver = Callable[[str], bool]
+"""``resolver(name) -> bool``: register ``name`` in both registries (globally) and return True, or
+return False when ``name`` is not for it. It may raise the error that explains why ``name``
+cannot be had (a kernel that does not load)."""
 
-def _is_kernel_name(name: object) -> bool:
-    from kernel_loader.refs import looks_like_kernel_ref
+_resolvers: list[NameResolver] = []
 
-    return looks_like_kernel_ref(name)
+
+def install_name_resolver(resolver: NameResolver) -> None:
+    """Offer every unregistered name looked up in either registry to ``resolver`` (idempotent)."""
+    if resolver not in _resolvers:
+        _resolvers.append(resolver)
+
+
+def _resolve(name: object) -> bool:
+    return isinstance(name, str) and any(resolver(name) for resolver in _resolvers)
 
 
 class _Interface(MutableMapping):
@@ -47,12 +62,9 @@ class _Interface(MutableMapping):
             return self._local_mapping[key]
         if key in self._global_mapping:
             return self._global_mapping[key]
-        if _is_kernel_name(key):
-            # Loads the kernel and registers both the attention function and its mask formatter
-            # globally under the exact string, so the next lookup is a plain dict hit.
-            from kernel_loader.attention.kernel_backends import register_kernel_backend
-
-            register_kernel_backend(key)
+        # A resolver registers the name globally (a kernel id: its attention function and mask
+        # formatter), so the next lookup is a plain dict hit.
+        if _resolve(key) and key in self._global_mapping:
             return self._global_mapping[key]
         raise KeyError(key)
 

@@ -89,6 +89,11 @@ def reference_attention(
     return (probs @ v).transpose(1, 2)
 
 
+def grid(rows: list[str]) -> torch.Tensor:
+    """A bool mask from strings: '1' = attends; one string per query row."""
+    return torch.tensor([[c == "1" for c in r] for r in rows])
+
+
 def module(is_causal=True, training=False, layer_idx=0):
     return SimpleNamespace(is_causal=is_causal, training=training, layer_idx=layer_idx)
 

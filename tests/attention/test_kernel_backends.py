@@ -83,6 +83,26 @@ def test_named_function_registers_with_its_mask_format(local_kernels):
     torch.testing.assert_close(out.double()[case.padding], ref[case.padding], atol=1e-5, rtol=1e-5)
 
 
+def test_a_parsed_ref_is_registered_under_its_text_without_parsing_again(local_kernels, monkeypatch):
+    from kernel_loader.refs import KernelRef
+
+    ref = KernelRef.parse("test-org/custom-attn:my_attention")
+    local_kernels.append(str(ref))
+    parsed = []
+    real_parse = KernelRef.parse.__func__
+
+    def recording_parse(cls, text):
+        parsed.append(text)
+        return real_parse(cls, text)
+
+    monkeypatch.setattr(KernelRef, "parse", classmethod(recording_parse))
+    backend = kernel_backends.register_kernel_backend(ref)
+    # the loader validates the repo id it is handed; the whole id is never parsed again
+    assert str(ref) not in parsed and set(parsed) <= {"test-org/custom-attn"}
+    assert backend.name == "test-org/custom-attn:my_attention"
+    assert AttentionInterface._global_mapping[backend.name] is backend.attention
+
+
 def test_missing_function_lists_exports(local_kernels):
     name = "test-org/custom-attn:nope"
     local_kernels.append(name)

@@ -122,7 +122,7 @@ def test_local_formatter_override_does_not_leak():
 
 @pytest.mark.filterwarnings("ignore:Using the copy")
 def test_kernel_id_lookup_registers_function_and_formatter(offline_hub):
-    from kernel_loader.attention.flash import flash_kernel
+    from kernel_loader.attention.backends.flash_api import flash_kernel
     from kernel_loader.attention.mask_formatters import flash_attention_mask
 
     name = "kernels-community/flash-attn2"
@@ -152,3 +152,27 @@ def test_mask_lookup_of_kernel_id_loads_it(offline_hub, attn):
     mask = create_causal_mask(attn.config(name), x, pad)
     assert mask.shape == (2, 4) and mask.dtype == torch.bool
     assert name in ALL_ATTENTION_FUNCTIONS
+
+
+def test_unregistered_names_go_to_the_installed_resolvers_first(cleanup, monkeypatch):
+    from kernel_loader.attention import registry
+
+    asked = []
+
+    def resolver(name):
+        asked.append(name)
+        if name != "made_on_demand":
+            return False
+        AttentionInterface.register(name, _dummy)
+        AttentionMaskInterface.register(name, sdpa_mask)
+        return True
+
+    monkeypatch.setattr(registry, "_resolvers", [*registry._resolvers, resolver])
+    cleanup.append("made_on_demand")
+    assert "made_on_demand" not in ALL_ATTENTION_FUNCTIONS  # membership never resolves
+    assert ALL_ATTENTION_FUNCTIONS.get_interface("made_on_demand") is _dummy
+    assert ALL_MASK_ATTENTION_FUNCTIONS["made_on_demand"] is sdpa_mask  # now a plain dict hit
+    assert asked == ["made_on_demand"]
+    with pytest.raises(UnknownAttentionBackendError, match="not_a_backend"):
+        ALL_ATTENTION_FUNCTIONS.get_interface("not_a_backend")
+    assert asked[-1] == "not_a_backend"

@@ -6,7 +6,7 @@ import torch
 
 from kernel_loader.attention import eager_attention_forward, repeat_kv
 
-from .conftest import make_case, module, reference_attention
+from ..conftest import make_case, module, reference_attention
 
 
 def test_shapes_weights_and_contiguity():

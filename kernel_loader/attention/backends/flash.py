@@ -13,18 +13,23 @@ Causal masks are bottom-right aligned when query and key lengths differ (FlashAt
 
 from __future__ import annotations
 
-import functools
-import inspect
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from kernel_loader.attention.eager import kv_groups, resolve_is_causal
-from kernel_loader.errors import UnsupportedAttentionOptionError, UnusableKernelError
+from kernel_loader.attention.backends.contract import kv_groups, resolve_is_causal
+from kernel_loader.attention.backends.flash_api import (
+    FlashKernel,
+    call_options,
+    first_output,
+    flash_kernel,
+    shared_options,
+    window_size,
+)
+from kernel_loader.errors import UnsupportedAttentionOptionError
 
 __all__ = [
     "FlashKernel",
@@ -35,74 +40,6 @@ __all__ = [
     "pad_input",
     "cu_seqlens_from_position_ids",
 ]
-
-FLASH_API = ("flash_attn_varlen_func", "flash_attn_func", "flash_attn_with_kvcache")
-# Optional extension (our shipped kernel has it): a decode step on transformers' [B, H, S, D]
-# tensors, returning None when it does not serve the call. See _forward.
-DECODE_HEADS_FIRST = "flash_attn_decode_heads_first"
-# packages that run only on CUDA in half precision; Hub and shipped kernels say what they need
-_CUDA_HALF_ONLY = {"flash_attn", "flash_attn_interface"}
-
-
-def _params(fn: Callable[..., Any] | None) -> frozenset[str]:
-    if fn is None:
-        return frozenset()
-    try:
-        return frozenset(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):  # compiled functions without a signature: assume the reference API
-        return frozenset(
-            {"dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "deterministic"}
-        )
-
-
-@dataclass(frozen=True)
-class FlashKernel:
-    """The FlashAttention entry points of a kernel module and the options each accepts."""
-
-    name: str
-    func: Callable[..., Any] | None
-    varlen: Callable[..., Any]
-    kvcache: Callable[..., Any] | None
-    func_params: frozenset[str] = field(default_factory=frozenset)
-    varlen_params: frozenset[str] = field(default_factory=frozenset)
-    kvcache_params: frozenset[str] = field(default_factory=frozenset)
-    cuda_half_only: bool = False
-    decode_heads_first: Callable[..., Any] | None = None
-
-
-@functools.lru_cache(maxsize=64)
-def _describe(kernel: ModuleType) -> FlashKernel:
-    varlen = getattr(kernel, "flash_attn_varlen_func", None)
-    if varlen is None:
-        raise UnusableKernelError(
-            f"Kernel module {getattr(kernel, '__name__', kernel)!r} has no flash_attn_varlen_func, so it cannot "
-            f"back a FlashAttention backend (looked for {', '.join(FLASH_API)}). Pick a kernel with the "
-            "FlashAttention API, e.g. 'kernels-community/flash-attn2', or name a function with 'org/repo:fn'."
-        )
-    func = getattr(kernel, "flash_attn_func", None)
-    kvcache = getattr(kernel, "flash_attn_with_kvcache", None)
-    top = getattr(kernel, "__name__", "").split(".")[0]
-    return FlashKernel(
-        name=getattr(kernel, "__name__", repr(kernel)),
-        func=func,
-        varlen=varlen,
-        kvcache=kvcache,
-        func_params=_params(func),
-        varlen_params=_params(varlen),
-        kvcache_params=_params(kvcache),
-        cuda_half_only=top in _CUDA_HALF_ONLY,
-        decode_heads_first=getattr(kernel, DECODE_HEADS_FIRST, None),
-    )
-
-
-def flash_kernel(kernel: ModuleType | FlashKernel) -> FlashKernel:
-    """Describe ``kernel``'s FlashAttention entry points (cached per module).
-
-    Raises:
-        UnusableKernelError: the module has no ``flash_attn_varlen_func``.
-    """
-    return kernel if isinstance(kernel, FlashKernel) else _describe(kernel)
-
 
 # ------------------------------------------------------------------------------------------
 # unpad / pad
@@ -148,7 +85,8 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tens
 
 
 class _PerTensorAnswer:
-    """A yes/no question about a tensor, answered once per tensor object.
+    """A yes/no question about a tensor, answered once per tensor object (there for speed only;
+    docs/attention.md, "What is there for speed").
 
     Every layer of a model gets the same ``attention_mask`` / ``position_ids`` objects during one
     forward pass; asking the GPU "is this all ones?" in each layer forces a host-device sync per
@@ -203,100 +141,6 @@ def _is_packed(position_ids: torch.Tensor | None, batch: int, q_len: int, use_ca
 
 
 # ------------------------------------------------------------------------------------------
-# options
-# ------------------------------------------------------------------------------------------
-
-
-def _options(
-    params: frozenset[str],
-    kernel_name: str,
-    *,
-    causal: bool,
-    kv_length: int,
-    dropout: float,
-    scaling: float | None,
-    sliding_window: int | None,
-    softcap: float | None,
-    s_aux: torch.Tensor | None,
-    deterministic: bool | None,
-) -> dict[str, Any]:
-    """The keyword arguments of a FlashAttention call (a fresh dict the caller may change).
-
-    Raises:
-        UnsupportedAttentionOptionError: the kernel's function does not take a needed option.
-    """
-    opts = dict(_shared_options(params, kernel_name, causal, kv_length, dropout, scaling, sliding_window, softcap,
-                                deterministic))
-    if s_aux is not None:
-        if "s_aux" in params:
-            opts["s_aux"] = s_aux
-        elif "learnable_sink" in params:
-            opts["learnable_sink"] = s_aux
-        else:
-            raise _refuse(kernel_name, "attention sinks (s_aux)")
-    return opts
-
-
-def _shared_options(
-    params: frozenset[str], kernel_name: str, causal: bool, kv_length: int, dropout: float, scaling: float | None,
-    sliding_window: int | None, softcap: float | None, deterministic: bool | None,
-) -> dict[str, Any]:
-    """The options without attention sinks, from the per-combination cache: unpack, never change."""
-    window = sliding_window if sliding_window is not None and kv_length > sliding_window else None
-    return _static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic)
-
-
-def _window_size(window: int, causal: bool) -> tuple[int, int]:
-    # masks.sliding_window_overlay: causal sees q-kv < w; bidirectional sees |q-kv| <= w
-    left = window - 1 if causal else window
-    return (left, left)
-
-
-def _refuse(kernel_name: str, option: str) -> UnsupportedAttentionOptionError:
-    return UnsupportedAttentionOptionError(
-        f"FlashAttention kernel {kernel_name!r} does not accept {option}, so it cannot be applied. Use "
-        "'eager' or 'sdpa', or a kernel that supports it (e.g. 'kernels-community/flash-attn2')."
-    )
-
-
-# Every layer of a model asks for the same options on every call: computed once per combination
-# (the decode loop is bound by host time). Callers copy or unpack the dict, never change it.
-@functools.lru_cache(maxsize=256)
-def _static_options(
-    params: frozenset[str],
-    kernel_name: str,
-    causal: bool,
-    dropout: float,
-    scaling: float | None,
-    window: int | None,
-    softcap: float | None,
-    deterministic: bool | None,
-) -> dict[str, Any]:
-    opts: dict[str, Any] = {"causal": causal, "softmax_scale": scaling}
-    if dropout:
-        if "dropout_p" not in params:
-            raise _refuse(kernel_name, f"dropout={dropout}")
-        opts["dropout_p"] = dropout
-    elif "dropout_p" in params:
-        opts["dropout_p"] = 0.0
-    if window is not None:
-        if "window_size" not in params:
-            raise _refuse(kernel_name, f"sliding_window={window}")
-        opts["window_size"] = _window_size(window, causal)
-    if softcap is not None and softcap != 0.0:
-        if "softcap" not in params:
-            raise _refuse(kernel_name, f"softcap={softcap}")
-        opts["softcap"] = softcap
-    if deterministic is not None and "deterministic" in params:
-        opts["deterministic"] = deterministic
-    return opts
-
-
-def _first(out: Any) -> torch.Tensor:
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-# ------------------------------------------------------------------------------------------
 # the attention function
 # ------------------------------------------------------------------------------------------
 
@@ -305,7 +149,7 @@ def _varlen(
     fk: FlashKernel, qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, cu_q: Any, cu_k: Any, mq: int, mk: int,
     opts: Callable[[frozenset[str], int], dict[str, Any]],
 ) -> torch.Tensor:
-    return _first(
+    return first_output(
         fk.varlen(qp, kp, vp, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(mq), max_seqlen_k=int(mk),
                   **opts(fk.varlen_params, int(mk)))
     )
@@ -391,7 +235,7 @@ def _forward(
             and (position_ids is None or q_len == 1) and not dropout and s_aux is None):
         # a decode step into a kernel that takes transformers' layout as it is; None: not served
         kv_len = key.shape[2]
-        window = _window_size(sliding_window, causal) if sliding_window is not None and kv_len > sliding_window \
+        window = window_size(sliding_window, causal) if sliding_window is not None and kv_len > sliding_window \
             else (-1, -1)
         out = fk.decode_heads_first(query, key, value, scaling, causal, window, softcap or 0.0)
         if out is not None:
@@ -406,14 +250,14 @@ def _forward(
 
     def opts(params: frozenset[str], kv_len: int) -> dict[str, Any]:
         if s_aux is None:  # every layer, every step: the cached dict, unpacked by the call
-            return _shared_options(params, fk.name, causal, kv_len, dropout, scaling, sliding_window, softcap,
+            return shared_options(params, fk.name, causal, kv_len, dropout, scaling, sliding_window, softcap,
                                    deterministic)
-        return _options(params, fk.name, causal=causal, kv_length=kv_len, dropout=dropout, scaling=scaling,
+        return call_options(params, fk.name, causal=causal, kv_length=kv_len, dropout=dropout, scaling=scaling,
                         sliding_window=sliding_window, softcap=softcap, s_aux=s_aux, deterministic=deterministic)
 
     if attention_mask is None and cu_seq_lens_q is None and (position_ids is None or q_len == 1) and fk.func is not None:
         # the common case first (every decode step): one dense call, nothing else to decide
-        out = _first(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
+        out = first_output(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
     elif attention_mask is not None and not (attention_mask.shape[-1] == k.shape[1] and _all_true(attention_mask)):
         mask = attention_mask.to(torch.bool)
         if k.shape[1] > mask.shape[-1]:  # static cache: keys beyond the mask are unused slots
@@ -437,7 +281,7 @@ def _forward(
         flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v)]
         out = _varlen(fk, *flat, cu, cu, max_len, max_len, opts).view(batch, q_len, *q.shape[2:])
     elif fk.func is not None:
-        out = _first(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
+        out = first_output(fk.func(q, k, v, **opts(fk.func_params, k.shape[1])))
     else:
         kv_len = k.shape[1]
         cu_q = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=q.device)

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from kernel_loader.attention import flash_attention_forward, make_flash_attention
-from kernel_loader.attention.flash import cu_seqlens_from_position_ids, flash_kernel, pad_input, unpad_input
+from kernel_loader.attention.backends.flash import cu_seqlens_from_position_ids, flash_kernel, pad_input, unpad_input
 from kernel_loader.errors import UnsupportedAttentionOptionError, UnusableKernelError
 
-from .conftest import make_case, module, reference_attention
+from ..conftest import make_case, module, reference_attention
 
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None,
@@ -183,7 +183,7 @@ def test_value_head_dim_smaller_than_query():
 
 def test_per_forward_checks_ask_the_device_once_per_tensor_and_again_after_a_change():
     # Each layer gets the same mask object; asking "all ones?" per layer would sync per layer.
-    from kernel_loader.attention.flash import _PerTensorAnswer
+    from kernel_loader.attention.backends.flash import _PerTensorAnswer
 
     asked = []
 

@@ -11,7 +11,7 @@ import torch
 from kernel_loader.attention import ALL_ATTENTION_FUNCTIONS, PagedKVCache, make_paged_attention
 from kernel_loader.errors import UnsupportedAttentionOptionError
 
-from .conftest import make_case, module, reference_attention
+from ..conftest import make_case, module, reference_attention
 
 
 @pytest.fixture(scope="module")

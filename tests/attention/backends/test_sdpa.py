@@ -8,7 +8,7 @@ import torch
 from kernel_loader.attention import sdpa_attention_forward
 from kernel_loader.errors import UnsupportedAttentionOptionError
 
-from .conftest import make_case, module, reference_attention
+from ..conftest import make_case, module, reference_attention
 
 
 @pytest.mark.parametrize(

@@ -10,36 +10,9 @@ from typing import Any
 
 import torch
 
-from kernel_loader.attention.mask_formatters import implicit_mask
+from kernel_loader.attention.backends.contract import implicit_mask, kv_groups, repeat_kv, resolve_is_causal
 
-__all__ = ["eager_attention_forward", "repeat_kv", "kv_groups", "resolve_is_causal"]
-
-
-def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """``[B, Hkv, S, D]`` -> ``[B, Hkv * n_rep, S, D]``, each KV head repeated for its query group."""
-    if n_rep == 1:
-        return hidden_states
-    b, h, s, d = hidden_states.shape
-    return hidden_states[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
-
-
-def kv_groups(query: torch.Tensor, key: torch.Tensor) -> int:
-    """Query heads per KV head (GQA/MQA), from the shapes.
-
-    Raises:
-        ValueError: the query head count is not a multiple of the KV head count.
-    """
-    hq, hkv = query.shape[1], key.shape[1]
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"query has {hq} heads, key/value {hkv}: the query heads must be a multiple of the KV heads")
-    return hq // hkv
-
-
-def resolve_is_causal(module: Any, is_causal: bool | None) -> bool:
-    """The explicit ``is_causal`` if given, else ``module.is_causal``, else True (decoders)."""
-    if is_causal is not None:
-        return bool(is_causal)
-    return bool(getattr(module, "is_causal", True))
+__all__ = ["eager_attention_forward"]
 
 
 def eager_attention_forward(

@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from kernel_loader.attention.eager import kv_groups, repeat_kv, resolve_is_causal
-from kernel_loader.attention.mask_formatters import implicit_mask
+from kernel_loader.attention.backends.contract import implicit_mask, kv_groups, repeat_kv, resolve_is_causal
 from kernel_loader.errors import UnsupportedAttentionOptionError
 
 __all__ = ["flex_attention_forward"]

@@ -8,7 +8,7 @@ import torch
 from kernel_loader.attention import flex_attention_forward
 from kernel_loader.errors import UnsupportedAttentionOptionError
 
-from .conftest import make_case, module, reference_attention
+from ..conftest import make_case, module, reference_attention
 
 
 def test_refuses_dropout_sinks_and_weights():

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
-from kernel_loader.attention.eager import eager_attention_forward, kv_groups, resolve_is_causal
-from kernel_loader.attention.flash import FlashKernel, flash_kernel
-from kernel_loader.attention.sdpa import sdpa_attention_forward
+from kernel_loader.attention.backends.contract import kv_groups, resolve_is_causal
+from kernel_loader.attention.backends.eager import eager_attention_forward
+from kernel_loader.attention.backends.flash_api import FlashKernel, call_options, first_output, flash_kernel
+from kernel_loader.attention.backends.sdpa import sdpa_attention_forward
 from kernel_loader.errors import UnsupportedAttentionOptionError
 
 __all__ = ["PagedKVCache", "make_paged_attention", "paged_eager_attention_forward", "paged_sdpa_attention_forward"]
@@ -197,8 +198,6 @@ def make_paged_attention(kernel: ModuleType | FlashKernel | Callable[[], ModuleT
         UnsupportedAttentionOptionError: no ``PagedKVCache`` given, the kernel has no
             ``flash_attn_with_kvcache``, or an option the kernel does not accept.
     """
-    from kernel_loader.attention.flash import _first, _options
-
     resolved: list[FlashKernel] = []
 
     def get_kernel() -> FlashKernel:
@@ -226,7 +225,7 @@ def make_paged_attention(kernel: ModuleType | FlashKernel | Callable[[], ModuleT
         kv_groups(query, key)
         causal = resolve_is_causal(module, kwargs.get("is_causal"))
         q_len = query.shape[2]
-        opts = _options(
+        opts = call_options(
             fk.kvcache_params,
             fk.name,
             causal=causal,
@@ -244,7 +243,7 @@ def make_paged_attention(kernel: ModuleType | FlashKernel | Callable[[], ModuleT
             else "block_table"
         opts[table_arg] = cache.block_table
         kc, vc = cache.key_blocks[layer_idx], cache.value_blocks[layer_idx]
-        out = _first(
+        out = first_output(
             fk.kvcache(
                 query.transpose(1, 2),
                 kc,
