@@ -31,6 +31,7 @@ __all__ = [
     "sliding_window_bidirectional_mask_function",
     "chunked_overlay",
     "chunked_causal_mask_function",
+    "blockwise_overlay",
     "padding_mask_function",
     "packed_sequence_mask_function",
     "remap_positions_for_packed_sequence",
@@ -168,6 +169,20 @@ def chunked_overlay(chunk_size: int, left_padding: torch.Tensor | None = None) -
 def chunked_causal_mask_function(chunk_size: int, left_padding: torch.Tensor | None = None) -> MaskFunction:
     """Causal attention within chunks of ``chunk_size`` tokens."""
     return and_masks(chunked_overlay(chunk_size, left_padding), causal_mask_function)
+
+
+def blockwise_overlay(block_sequence_ids: torch.Tensor) -> MaskFunction:
+    """Query and key lie in the same block (``[batch, len]`` block ids; ``-1`` = no block).
+
+    OR-ed with a causal mask it lets the tokens of one block (an image, say) see each other both
+    ways while everything else stays causal.
+    """
+
+    def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
+        q_block = block_sequence_ids[batch_idx, q_idx]
+        return (q_block == block_sequence_ids[batch_idx, kv_idx]) & (q_block >= 0)
+
+    return _tag(inner, "blockwise", block_sequence_ids=block_sequence_ids)
 
 
 def padding_mask_function(padding_mask: torch.Tensor) -> MaskFunction:
