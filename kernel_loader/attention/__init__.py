@@ -13,7 +13,8 @@ name you register, and kernel ids (``"kernels-community/flash-attn2"``, ``"org/r
 
 Layers, each importing only the ones before it (``tests/attention/test_layers.py`` checks it):
 ``mask_functions`` (predicates) -> ``registry`` (name -> function maps) -> ``mask_builders``
-(``create_*_mask``) -> ``mask_formatters`` (a pattern in each backend's format) -> ``backends/``
+(``create_*_mask``) -> ``mask_equivalence`` (is a predicate what a kernel computes?) ->
+``mask_formatters`` (a pattern in each backend's format) -> ``backends/``
 (``contract``, ``flash_api``; ``eager``, ``sdpa``, ``flex``, ``flash``; ``paged``) ->
 ``kernel_backends`` (kernel ids as backends) -> ``fallback`` (the FlashAttention chain) -> this
 module, which registers the built-ins and installs the kernel-id resolver into the registry.

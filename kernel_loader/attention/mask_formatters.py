@@ -29,6 +29,7 @@ from kernel_loader.attention.mask_functions import (
     mask_kinds,
     padding_mask_function,
 )
+from kernel_loader.attention.mask_equivalence import KERNEL_KINDS, MASK_CHECK_CELLS, first_difference, kernel_pattern
 from kernel_loader.errors import UnsupportedAttentionOptionError
 
 __all__ = [
@@ -72,6 +73,24 @@ def _can_use_sdpa_is_causal(
     ):
         return True
     return False
+
+
+def _is_causal_pattern(
+    mask_function: MaskFunction, batch_size: int, q_length: int, kv_length: int, q_offset: int, kv_offset: int,
+    padding: torch.Tensor | None, device: Any, budget: int,
+) -> bool:
+    """Whether sdpa's ``is_causal`` computes ``mask_function`` here (else the mask must be built).
+
+    The builders never allow the shortcut with a custom part; a direct caller may, and then the
+    pattern is evaluated rather than dropped (the rule of ``flash_attention_mask``).
+    """
+    if not _unrecognised(mask_function):
+        return True
+    return first_difference(
+        mask_function, causal_mask_function, batch_size=batch_size, q_length=q_length, kv_length=kv_length,
+        q_offset=q_offset, kv_offset=kv_offset, padding=padding, device=device, budget=budget,
+        kernel_label="sdpa's is_causal",
+    ) is None
 
 
 def materialize_mask(
@@ -120,7 +139,9 @@ def sdpa_mask(
     without padding when ``allow_is_bidirectional_skip``.
     """
     padding = _pad_padding_mask(attention_mask, kv_length, kv_offset)
-    if allow_is_causal_skip and _can_use_sdpa_is_causal(padding, q_length, kv_length, q_offset, kv_offset, local_size):
+    if (allow_is_causal_skip and _can_use_sdpa_is_causal(padding, q_length, kv_length, q_offset, kv_offset, local_size)
+            and _is_causal_pattern(mask_function, batch_size, q_length, kv_length, q_offset, kv_offset, padding,
+                                   device, kwargs.get("mask_check_cells", MASK_CHECK_CELLS))):
         return None
     if allow_is_bidirectional_skip and not torch.compiler.is_compiling():
         window_irrelevant = local_size is None or kv_length < local_size
@@ -168,7 +189,11 @@ def eager_mask(
     return torch.where(mask, zero, torch.finfo(dtype).min)
 
 
-_FLASH_KINDS = {"causal", "bidirectional", "sliding_window", "sliding_window_bidirectional", "padding", "packed_sequence"}
+_MASK_BACKENDS = "'sdpa', 'eager' or 'flex_attention'"
+
+
+def _unrecognised(mask_function: MaskFunction) -> set[str]:
+    return mask_kinds(mask_function) - KERNEL_KINDS
 
 
 def flash_attention_mask(
@@ -179,46 +204,47 @@ def flash_attention_mask(
     kv_offset: int = 0,
     mask_function: MaskFunction = causal_mask_function,
     attention_mask: torch.Tensor | None = None,
+    config: Any = None,
+    mask_check_cells: int = MASK_CHECK_CELLS,
+    device: torch.device | str = "cpu",
     **kwargs: Any,
 ) -> torch.Tensor | None:
     """The 2D padding mask ``[B, kv]`` (bool) FlashAttention unpads with, or None without padding.
 
     FlashAttention expresses causality, sliding windows and packed sequences through its own
-    arguments (``is_causal``, ``sliding_window``, ``position_ids``) — not through this mask.
+    arguments (``is_causal``, ``sliding_window``, ``position_ids``) — not through this mask. A
+    pattern with anything else in it (a custom predicate, chunks, blocks) is evaluated on this
+    call's (query, key) grid and accepted when it equals what the kernel computes there (see
+    :mod:`kernel_loader.attention.mask_equivalence`: the budget, the sampled check, the cache).
 
     Raises:
-        UnsupportedAttentionOptionError: the pattern holds something FlashAttention cannot apply
-            (a custom or OR-ed predicate, or chunks shorter than the keys); transformers silently
-            returns the padding mask alone in that case.
+        UnsupportedAttentionOptionError: the pattern differs from what the kernel computes; the
+            message names the first differing cell and the backends that can apply the pattern
+            (transformers silently drops the pattern in that case).
     """
-    kinds = mask_kinds(mask_function)
-    unsupported = kinds - _FLASH_KINDS
-    if "chunked" in unsupported:
-        chunk = _find_param(mask_function, "chunked", "chunk_size")
-        if chunk is not None and kv_length + kv_offset <= chunk:
-            unsupported.discard("chunked")  # a single chunk: plain causal
-    if unsupported:
-        raise UnsupportedAttentionOptionError(
-            f"FlashAttention cannot apply the mask pattern {sorted(unsupported)} (it only knows causal, "
-            "bidirectional, sliding-window, padding and packed sequences), and dropping it would change the "
-            "results. Use attn_implementation='sdpa', 'eager' or 'flex_attention' for this model."
+    padding = _pad_padding_mask(attention_mask, kv_length, kv_offset)
+    unrecognised = _unrecognised(mask_function)
+    if unrecognised:
+        causal_default = bool(getattr(config, "is_causal", True))
+        expected = kernel_pattern(mask_function, causal_default)
+        difference = first_difference(
+            mask_function, expected, batch_size=batch_size, q_length=q_length, kv_length=kv_length,
+            q_offset=q_offset, kv_offset=kv_offset, padding=padding, device=device, budget=mask_check_cells,
+            kernel_label="FlashAttention's",
         )
+        if difference is not None:
+            kernel_kinds = sorted(mask_kinds(expected) & KERNEL_KINDS - {"padding"})
+            raise UnsupportedAttentionOptionError(
+                f"FlashAttention cannot apply the mask pattern {sorted(unrecognised)}: it computes "
+                f"{'+'.join(kernel_kinds)} attention (with the padding mask), and {difference.describe()}. Dropping "
+                f"the pattern would change the results; use attn_implementation={_MASK_BACKENDS} for this model."
+            )
     if attention_mask is None:
         return None
     attention_mask = attention_mask.to(torch.bool)[:, -kv_length:] if attention_mask.shape[-1] > kv_length else attention_mask.to(torch.bool)
     if attention_mask.shape[-1] == kv_length and bool(attention_mask.all()):
         return None
     return attention_mask
-
-
-def _find_param(mask_function: MaskFunction, kind: str, key: str) -> Any:
-    if getattr(mask_function, "mask_kind", None) == kind:
-        return mask_function.mask_params.get(key)  # type: ignore[attr-defined]
-    for part in getattr(mask_function, "mask_params", {}).get("parts", ()):
-        found = _find_param(part, kind, key)
-        if found is not None:
-            return found
-    return None
 
 
 def flex_attention_mask(

@@ -216,7 +216,7 @@ def remap_positions_for_packed_sequence(mask_function: MaskFunction, position_id
     def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
         return mask_function(batch_idx, head_idx, position_ids[batch_idx, q_idx], position_ids[batch_idx, kv_idx])
 
-    return _tag(inner, "remap", parts=(mask_function,))
+    return _tag(inner, "remap", parts=(mask_function,), position_ids=position_ids)
 
 
 def add_offsets_to_mask_function(mask_function: MaskFunction, q_offset: int, kv_offset: int) -> MaskFunction:
@@ -225,7 +225,7 @@ def add_offsets_to_mask_function(mask_function: MaskFunction, q_offset: int, kv_
     def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
         return mask_function(batch_idx, head_idx, q_idx + q_offset, kv_idx + kv_offset)
 
-    return _tag(inner, "offset", parts=(mask_function,))
+    return _tag(inner, "offset", parts=(mask_function,), q_offset=q_offset, kv_offset=kv_offset)
 
 
 def find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | None:

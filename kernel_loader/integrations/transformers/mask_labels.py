@@ -52,8 +52,16 @@ class MaskDescriber:
                 "packed_sequence",
                 lambda v: {"packed_sequence_mask": v["packed_sequence_mask"]},
             ),
-            "remap_positions_for_packed_sequence": ((probe, one), "remap", lambda v: {"parts": (v["mask_function"],)}),
-            "add_offsets_to_mask_function": ((probe, 0, 0), "offset", lambda v: {"parts": (v["mask_function"],)}),
+            "remap_positions_for_packed_sequence": (
+                (probe, one),
+                "remap",
+                lambda v: {"parts": (v["mask_function"],), "position_ids": v["position_ids"]},
+            ),
+            "add_offsets_to_mask_function": (
+                (probe, 0, 0),
+                "offset",
+                lambda v: {"parts": (v["mask_function"],), "q_offset": v["q_offset"], "kv_offset": v["kv_offset"]},
+            ),
         }
         self._closures: dict[Any, tuple[str, Callable[[dict], dict]]] = {}
         for name, (args, kind, params) in factories.items():
