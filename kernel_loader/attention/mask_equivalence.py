@@ -16,7 +16,8 @@ recognise is compared, cell by cell, with the pattern the kernel computes:
   once, vectorised. A larger grid is checked on a sample of whole query rows (the first, the last
   and evenly spaced ones, within the budget), and a one-time warning says what was assumed;
 * **the answer is cached** per (custom functions, tensors they read, grid shape), so that the
-  same call in the next step or layer costs a dict lookup.
+  same call in the next step or layer costs a dict lookup (there for speed only; docs/attention.md,
+  "What is there for speed").
 """
 
 from __future__ import annotations
