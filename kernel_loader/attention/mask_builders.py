@@ -299,7 +299,9 @@ def _config_int(config: Any, attr: str, builder: str) -> int:
     return int(value)
 
 
-def _inputs(builder: str, inputs_embeds: Any, input_embeds: Any, cache: Any, past_key_values: Any) -> tuple[Any, Any]:
+def _inputs(
+    builder: str, inputs_embeds: Any, input_embeds: Any, cache: Any, past_key_values: Any, required: bool = True
+) -> tuple[Any, Any]:
     """``inputs_embeds`` and ``cache`` from either of their names (transformers 4.57 / 5.17 / 5.24).
 
     Raises:
@@ -310,7 +312,7 @@ def _inputs(builder: str, inputs_embeds: Any, input_embeds: Any, cache: Any, pas
         if inputs_embeds is not None and inputs_embeds is not input_embeds:
             raise TypeError(f"{builder}() got both inputs_embeds and input_embeds (the same argument); pass one")
         inputs_embeds = input_embeds
-    if inputs_embeds is None:
+    if inputs_embeds is None and required:
         raise TypeError(f"{builder}() needs inputs_embeds (the [batch, q_len, ...] input, for sizes, dtype, device)")
     if past_key_values is not None:
         if cache is not None and cache is not past_key_values:
@@ -599,10 +601,13 @@ def create_masks_for_generate(
     ``config.attention_chunk_size`` is, else causal.
 
     Raises:
-        TypeError: no ``inputs_embeds``, or both names of one argument with different values.
+        TypeError: no ``inputs_embeds`` when a mask is to be built, or both names of one argument
+            with different values.
         ValueError, UnsupportedAttentionOptionError: as the builders.
     """
-    inputs_embeds, cache = _inputs("create_masks_for_generate", inputs_embeds, input_embeds, cache, past_key_values)
+    # inputs_embeds may be None when the layer types defer to the model (as in transformers)
+    inputs_embeds, cache = _inputs("create_masks_for_generate", inputs_embeds, input_embeds, cache, past_key_values,
+                                   required=False)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     causal_kwargs = {"cache_position": cache_position} if cache_position is not None else {}
     args: dict[str, Any] = {

@@ -158,6 +158,25 @@ def test_a_paged_cache_needs_no_mask():
     assert mask_builders.create_causal_mask(_config(), torch.zeros(1, 3, 8), PAD[:1, :3], PagedAttentionCache()) is None
 
 
+def test_chunked_decode_after_left_padding_matches_transformers():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(attention_chunk_size=4, attn_implementation="sdpa", num_hidden_layers=1)
+
+    def filled_cache():  # 8 cached tokens in a chunked (sliding) layer
+        cache = DynamicCache(config=config)
+        kv = torch.zeros(2, 2, 8, 4)
+        cache.update(kv, kv, 0)
+        return cache
+
+    pad = torch.tensor([[0] * 7 + [1, 1], [1] * 9])  # row 0: 7 tokens of left padding
+    x = torch.zeros(2, 1, 8)
+    ours = mask_builders.create_chunked_causal_mask(config, x, pad, past_key_values=filled_cache())
+    # row 0's chunks start at its first real token (7), row 1's at 0: the new token 8 sees 7-8 / only 8
+    assert ours[:, 0, 0].tolist() == [[False, False, True, True], [False, False, False, True]]
+    assert torch.equal(ours, transformers_masks.create_chunked_causal_mask(config, x, pad, filled_cache()))
+
+
 def test_recurrent_mask_is_the_padding_of_this_forward_or_none():
     x = torch.zeros(2, 3, 8)
     pad = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
@@ -190,6 +209,9 @@ def test_masks_for_generate_hybrid_and_unknown_layer_types():
     assert masks["linear_attention"].tolist() == pad.tolist()
     unknown = _config("eager", layer_types=["full_attention", "something_new"])
     assert mask_builders.create_masks_for_generate(unknown, torch.zeros(2, 4, 8), pad, None) is pad
+    # deferring needs no inputs at all
+    assert mask_builders.create_masks_for_generate(unknown, inputs_embeds=None, attention_mask=pad) is pad
+    assert mask_builders.create_masks_for_generate(unknown, inputs_embeds=None, attention_mask=None) is None
 
 
 def test_masks_for_generate_without_layer_types_picks_one_builder():
