@@ -318,6 +318,6 @@ def make_flash_attention(kernel: ModuleType | FlashKernel, name: str | None = No
 
     attention.__name__ = "flash_attention_forward"
     attention.__qualname__ = f"flash_attention_forward[{name or fk.name}]"
-    attention.__doc__ = f"FlashAttention through {fk.name} (see kernel_loader.attention.flash.flash_attention_forward)."
+    attention.__doc__ = f"FlashAttention through {fk.name} (see kernel_loader.attention.backends.flash.flash_attention_forward)."
     attention.flash_kernel = fk  # type: ignore[attr-defined]
     return attention
