@@ -16,10 +16,13 @@ API (everything else here is private):
     the CPU: ``time.perf_counter_ns`` over ``repeat`` samples of ``calls`` calls each (``calls``
     chosen so that a sample lasts about 2 ms when not given). ``device`` defaults to ``"cuda"``
     when torch sees a GPU, else ``"cpu"``.
-``paired(contenders, *, rounds=11, calls=10, device=None) -> dict[str, list[float]]``
+``paired(contenders, *, rounds=11, calls=10, device=None, before=None) -> dict[str, list[float]]``
     Microseconds per call of each ``name -> fn`` contender, timed in ``rounds`` interleaved
     rounds (each round times every contender once, starting at a rotating position, so clock
-    drift and heat spread over all of them; CUDA events on the GPU). Returns the samples.
+    drift and heat spread over all of them; CUDA events on the GPU, ``perf_counter_ns`` on the
+    CPU). Each contender is called once untimed first. ``before(name)``, when given, runs
+    untimed before each of a contender's samples (switch a model's attention, synchronise).
+    Returns the samples, ``rounds`` per name, round ``i`` of every name taken together.
 ``ratio(a, b) -> Ratio``
     ``a / b`` of two paired sample lists: the median of the per-round ratios, a 95 % bootstrap
     interval of that median (seeded, so reruns on the same samples agree) and the min/max.
@@ -30,7 +33,7 @@ API (everything else here is private):
     Writes ``<out_dir>/<bench>.md`` (title, notes, the table, then date, command, versions,
     commit) and ``<out_dir>/<bench>.json`` (the same plus ``extra``), overwriting both; returns
     the Markdown path. ``columns`` maps a row key to its column heading; floats are printed with
-    4 significant digits, ``None`` as a dash.
+    4 significant digits (whole numbers from 10,000), ``None`` as a dash.
 ``shipped_kernel(repo_id="kernels-community/flash-attn2")``
     The kernel shipped in ``kernel_repos/``, imported with ``kernel_loader.get_local_kernel``
     (no network, no cache).
@@ -113,12 +116,15 @@ def time_us(fn: Callable[[], object], *, device: Optional[str] = None,
 
 
 def paired(contenders: Mapping[str, Callable[[], object]], *, rounds: int = 11, calls: int = 10,
-           device: Optional[str] = None) -> dict[str, list[float]]:
+           device: Optional[str] = None,
+           before: Optional[Callable[[str], object]] = None) -> dict[str, list[float]]:
     """Interleaved per-round samples (µs per call) of each contender (see the module docstring)."""
     device = device or _default_device()
     names = list(contenders)
     samples: dict[str, list[float]] = {n: [] for n in names}
-    for fn in contenders.values():
+    before = before or (lambda name: None)
+    for name, fn in contenders.items():
+        before(name)
         fn()  # warm-up outside the timed rounds
     if device.startswith("cuda"):
         import torch
@@ -129,6 +135,7 @@ def paired(contenders: Mapping[str, Callable[[], object]], *, rounds: int = 11, 
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             fn = contenders[name]
+            before(name)
             if device.startswith("cuda"):
                 start.record()
                 for _ in range(calls):
@@ -204,7 +211,7 @@ def _cell(value: Any) -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
     return str(value).replace("|", "\\|")
 
 
