@@ -1,8 +1,10 @@
 """The main job on the embedded default: load a FlashAttention kernel by id and run it.
 
-No network and no GPU needed. With no Hub in reach, kernel_loader serves the copy of
-`kernels-community/flash-attn2` it ships (and says so); on a CUDA machine with the Hub in reach
-it fetches the real build for this torch/CUDA instead.
+No network and no GPU needed. kernel_loader asks the Hub (HF_ENDPOINT, default huggingface.co)
+first. With no Hub in reach, or with HF_HUB_OFFLINE=1, it serves the copy of
+`kernels-community/flash-attn2` it ships (and says so). With the Hub in reach it uses the Hub's
+build for this machine: on a CUDA machine that is the build for this torch/CUDA; the Hub's repo
+has CUDA builds only, so elsewhere run this with HF_HUB_OFFLINE=1.
 
     python examples/quickstart.py
 """

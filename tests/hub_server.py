@@ -49,8 +49,8 @@ Fixtures
     is not seen by an already-imported huggingface_hub. Code under test that reads ``os.environ``
     at call time sees the variables as well.
 
-olah quirks the tests must expect (see DESIGN.md)
---------------------------------------------------
+olah quirks the tests must expect
+---------------------------------
 * Always pass ``revision=`` to ``model_info``.
 * A missing repo, file or revision answers 401 -> ``RepositoryNotFoundError``, not 404
   (but ``HEAD`` of a missing file at a commit sha answers 404 -> ``EntryNotFoundError``).

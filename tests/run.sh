@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README "Development"; .ci/run calls it and nothing else):
+# The test command (README "Set up"; .ci/run calls it and nothing else):
 #
 #   bash tests/run.sh [pytest args...]
 #

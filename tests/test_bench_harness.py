@@ -1,0 +1,76 @@
+"""bench/harness.py, the one harness every benchmark uses: paired rounds, ratios, result files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parent.parent / "bench" / "harness.py"
+
+
+@pytest.fixture(scope="module")
+def harness():
+    # bench/ is not a package: benchmarks import the harness from their own folder.
+    spec = importlib.util.spec_from_file_location("bench_harness", HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_rounds_rotate_and_give_every_contender_one_sample_per_round(harness):
+    order = []
+    contenders = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    samples = harness.paired(contenders, rounds=4, calls=2, device="cpu", before=lambda n: order.append("before " + n))
+    assert {n: len(s) for n, s in samples.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(x > 0 for s in samples.values() for x in s)
+    timed = [n for n in order[6:] if not n.startswith("before")][::2]  # after the warm-up, 2 calls per sample
+    assert timed == list("abc" "bca" "cab" "abc")
+    assert order[6:9] == ["before a", "a", "a"]
+
+
+def test_ratio_is_the_median_of_per_round_ratios_with_an_interval_around_it(harness):
+    r = harness.ratio([2.0, 4.0, 6.0, 8.0, 30.0], [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert r.median == 2.0 and (r.min, r.max) == (2.0, 6.0)
+    assert r.low <= r.median <= r.high <= r.max
+    assert harness.ratio([1.0] * 5, [2.0] * 5) == (0.5, 0.5, 0.5, 0.5, 0.5)
+    with pytest.raises(ValueError, match="same non-zero length"):
+        harness.ratio([1.0], [1.0, 2.0])
+
+
+def test_write_results_overwrites_one_md_and_one_json(harness, tmp_path):
+    columns = {"name": "contender", "us": "µs", "missing": "n/a"}
+    for value in (1.0, 123456.0):
+        md = harness.write_results("toy", [{"name": "a|b", "us": value}], title="Toy", columns=columns,
+                                   out_dir=tmp_path, commit="abc123", notes=["a note"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["toy.json", "toy.md"]
+    text = md.read_text()
+    assert text.startswith("# Toy\n\na note\n")
+    assert "| a\\|b | 123,456 | — |" in text and "Commit: `abc123`" in text
+    data = json.loads((tmp_path / "toy.json").read_text())
+    assert data["rows"] == [{"name": "a|b", "us": 123456.0}] and data["environment"]["commit"] == "abc123"
+    assert {"date", "command", "device", "python", "torch", "triton", "transformers", "huggingface_hub"} <= set(data["environment"])
+
+
+def test_shipped_kernel_comes_through_the_public_loader(harness):
+    kernel = harness.shipped_kernel()
+    assert kernel.__kernel_resolution__.source == "local"
+    assert callable(kernel.flash_attn_func)
+
+
+def test_host_overhead_runs_and_writes_its_results(tmp_path):
+    # The benchmark scripts are not part of the library, but they must keep working against it.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(HARNESS.parent.parent)
+    result = subprocess.run([sys.executable, str(HARNESS.parent / "host_overhead.py"), "--calls", "1",
+                             "--rounds", "1", "--out", str(tmp_path), "--commit", "test"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
+    assert {r["attention"] for r in rows} >= {"ours (flash wrapper, shipped kernel)", "sdpa (kernel_loader)"}
+    assert all(r["host_us"] > 0 for r in rows)
