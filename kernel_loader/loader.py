@@ -12,8 +12,8 @@ from types import ModuleType
 
 from kernel_loader import importer
 from kernel_loader.errors import KernelLoaderError, KernelNotFoundError
-from kernel_loader.machine import Machine
-from kernel_loader.refs import KernelRef
+from kernel_loader.machine import Machine, detect_machine
+from kernel_loader.refs import KernelRef, check_backend, check_function, check_version
 from kernel_loader.resolution import Resolution
 from kernel_loader.resolver import Request, resolve, resolve_bundled, resolve_local
 
@@ -91,10 +91,13 @@ def resolve_kernel(
     ``metadata.json`` files are fetched to check GPU archs).
 
     Raises:
-        InvalidKernelRefError, UntrustedKernelError, KernelNotFoundError, OfflineKernelMissingError,
-        NoCompatibleVariantError, MissingDependencyError: see :func:`get_kernel`.
+        InvalidKernelRefError, InvalidArgumentError, UntrustedKernelError, KernelNotFoundError,
+        OfflineKernelMissingError, NoCompatibleVariantError, MissingDependencyError: see :func:`get_kernel`.
     """
+    # Arguments are checked before any disk or network work.
     ref = KernelRef.from_parts(repo_id, revision)
+    check_version(version)
+    check_backend(backend, machine or detect_machine())
     req = Request(
         ref,
         version=version,
@@ -126,6 +129,10 @@ def get_kernel(
 
     Raises:
         InvalidKernelRefError: a malformed id, or both ``revision`` and ``version``.
+        InvalidArgumentError: ``version`` is not an int >= 0, or ``backend`` is unknown or not
+            available here (the message lists the backends).
+        KernelFunctionNotFoundError: the id's ``:function`` is not in the kernel (the message
+            lists what it has).
         UntrustedKernelError: the org is not trusted and ``trust_remote_code`` is False.
         KernelNotFoundError: no source has the repo or revision.
         OfflineKernelMissingError: offline / local_files_only / Hub unreachable and not cached.
@@ -146,6 +153,7 @@ def get_kernel(
         local_files_only=local_files_only,
     )
     module = _import(res)
+    check_function(module, KernelRef.parse(repo_id))
     _remember(key, module)
     return module
 
@@ -158,6 +166,7 @@ def get_local_kernel(path: str | Path, *, backend: str | None = None) -> ModuleT
         NoCompatibleVariantError: no variant fits this machine.
         MissingDependencyError, KernelImportError: as for :func:`get_kernel`.
     """
+    check_backend(backend, detect_machine())
     path = Path(path).expanduser().resolve()
     key = ("local", str(path), backend)
     module = _memo.get(key)
@@ -188,6 +197,7 @@ def has_kernel(repo_id: str, revision: str | None = None, *, version: int | None
 
     Raises:
         InvalidKernelRefError: a malformed id.
+        InvalidArgumentError: ``version`` is not an int >= 0.
         UntrustedKernelError: the org is not trusted (use ``trust_remote_code=True`` to load it).
     """
     from kernel_loader.errors import (
@@ -210,6 +220,7 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
     is remembered in the state folder, so a warm load only stats the files).
 
     Raises:
+        InvalidKernelRefError: a malformed id (checked before the lock file is looked for).
         LockfileError: no lock file, or ``repo_id`` is not in it.
         OfflineKernelMissingError: the locked sha (or variant) is not in the cache; run
             ``kernel-loader download --lock kernels.lock``.
@@ -217,6 +228,7 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
         KernelIntegrityError: the files differ from the lock.
         KernelImportError: the kernel's package failed to import.
     """
+    KernelRef.parse(repo_id)
     key = ("lock", repo_id, str(lockfile) if lockfile is not None else None)
     module = _recall(key)
     if module is not None:
@@ -242,7 +254,7 @@ def get_bundled_kernel(repo_id: str) -> ModuleType:
     if module is not None:
         return module
     ref = KernelRef.parse(repo_id)
-    res = resolve_bundled(Request(ref), "get_bundled_kernel() asked for it")
+    res = resolve_bundled(Request(ref), "the shipped copy was asked for")
     if res is None:
         from kernel_loader import constants
         from kernel_loader.sources import bundled
