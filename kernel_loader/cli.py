@@ -61,6 +61,12 @@ def _tidy(text: str, args: argparse.Namespace | None, target: str | None = None)
     """
     from kernel_loader import constants
 
+    # Library exception class names mean nothing at the terminal; say what they mean.
+    text = re.sub(r"\((?:kernel|model): \w+(?:Error|Exception); (?:kernel|model): \w+(?:Error|Exception)\)",
+                  "(asked for repo type kernel, then model)", text)
+    text = re.sub(r"\b(?:huggingface_hub\.errors\.)?([A-Z]\w*(?:Error|Exception))\b",
+                  lambda m: m[0] if hasattr(errors, m[1]) else _LIBRARY_ERRORS.get(m[1], "failure"), text)
+    text = re.sub(r"^([^\s:]+): \1 ", r"\1 ", text)  # "org/x: org/x not found" says the id once
     verb = getattr(args, "command", None)
     repo = target.split("|")[-1].split("@")[0].split(":")[0] if target else None
     if verb == "explain" and repo:
@@ -73,6 +79,21 @@ def _tidy(text: str, args: argparse.Namespace | None, target: str | None = None)
         if "HF_HUB_OFFLINE" in text and "-u HF_HUB_OFFLINE" not in text and "unset HF_HUB_OFFLINE" not in text:
             text += "\nHF_HUB_OFFLINE=1 keeps kernel-loader off the Hub: unset it (`unset HF_HUB_OFFLINE`) to download."
     return text.strip()
+
+
+_LIBRARY_ERRORS = {
+    "RepositoryNotFoundError": "repo not found",
+    "RevisionNotFoundError": "revision not found",
+    "EntryNotFoundError": "file not found",
+    "RemoteEntryNotFoundError": "file not found",
+    "LocalEntryNotFoundError": "not in the local cache",
+    "GatedRepoError": "gated repo: accept its terms on the Hub",
+    "HfHubHTTPError": "HTTP error",
+    "OfflineModeIsEnabled": "offline mode",
+    "ConnectError": "connection refused",
+    "ConnectTimeout": "connection timed out",
+    "ReadTimeout": "read timed out",
+}
 
 
 def _warning_formatter(args: argparse.Namespace | None, target: str | None) -> Callable[..., str]:
@@ -311,7 +332,7 @@ def _machine_from_args(args: argparse.Namespace):
     fields = list(Machine.__dataclass_fields__)
     text = args.machine
     source = "--machine"
-    if not text.lstrip().startswith("{"):
+    if not text.lstrip().startswith(("{", "[", '"')):
         try:
             text = Path(text).expanduser().read_text()
             source = f"--machine {args.machine}"
@@ -480,7 +501,10 @@ def _read_json_file(path: Path) -> dict | None:
 def _info(args: argparse.Namespace, text: str) -> dict:
     from kernel_loader import constants
 
-    path = Path(text).expanduser()
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:
+        raise errors.InvalidArgumentError(f"{text!r} names an unknown user's home folder.") from None
     if path.is_dir() or text.startswith((".", "/", "~")):
         from kernel_loader.sources import local
 
@@ -509,7 +533,7 @@ def _info(args: argparse.Namespace, text: str) -> dict:
     ref_name, sha = _pick_ref(Request(ref, version=args.version), remote.versions(), {**remote.tags, **remote.branches}, f"on {constants.hf_endpoint()}")
     names = hub.list_variants(ref.repo_id, remote.repo_type, sha)
     build = _hub_metadata(ref.repo_id, remote.repo_type, sha, names)
-    return {"repo_id": ref.repo_id, "revision": ref_name, "sha": sha, "source": "hub", **_metadata_summary(build)}
+    return {"repo_id": ref.repo_id, "revision": ref_name, "sha": sha, "origin": "hub", **_metadata_summary(build)}
 
 
 def _hub_metadata(repo_id: str, repo_type: str, sha: str, names: list[str]) -> dict[str, dict | None]:
@@ -534,7 +558,7 @@ def _info_cached(ref, args: argparse.Namespace) -> dict:
         )
     names = [p.name for p in sorted(snapshot.build_dir.iterdir()) if p.is_dir()]
     build = {n: _read_json_file(snapshot.build_dir / n / "metadata.json") for n in names}
-    return {"repo_id": ref.repo_id, "revision": revision, "sha": snapshot.sha, "source": "cache", **_metadata_summary(build)}
+    return {"repo_id": ref.repo_id, "revision": revision, "sha": snapshot.sha, "origin": "cache", **_metadata_summary(build)}
 
 
 def _show_info(info: dict) -> None:
@@ -544,13 +568,13 @@ def _show_info(info: dict) -> None:
     if "path" in info:
         print(f"path:       {info['path']}")
     else:
-        print(f"repo:       {info['repo_id']}  ({info['source']})")
+        print(f"repo:       {info['repo_id']}  ({info['origin']})")
         print(f"revision:   {info['revision']} ({info['sha'][:12]})")
     for key in ("name", "version", "license", "upstream"):
         print(f"{key + ':':11} {show(info.get(key))}")
     print(f"backends:   {show(info['backends'])}")
     print(f"builds:     {show(info['builds'])}")
-    print(f"python deps: {show(info['python_depends'])}")
+    print(f"deps:       {show(info['python_depends'])}")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -882,12 +906,20 @@ def _run(args: argparse.Namespace) -> int:
     import os
 
     cache_dir = _cache_dir(args)
-    if cache_dir is not None:
-        _check_cache_dir(cache_dir)
-        # The download/lock bodies read the cache root from the environment; this process is
-        # the CLI's own, so the flag is handed to them that way.
-        os.environ["KERNEL_LOADER_CACHE"] = str(cache_dir)
-    return args.func(args)
+    if cache_dir is None:
+        return args.func(args)
+    _check_cache_dir(cache_dir)
+    # The download/lock bodies read the cache root from the environment, so the flag is handed
+    # to them that way for the length of the verb (and restored for in-process callers).
+    before = os.environ.get("KERNEL_LOADER_CACHE")
+    os.environ["KERNEL_LOADER_CACHE"] = str(cache_dir)
+    try:
+        return args.func(args)
+    finally:
+        if before is None:
+            os.environ.pop("KERNEL_LOADER_CACHE", None)
+        else:
+            os.environ["KERNEL_LOADER_CACHE"] = before
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -916,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
             exc = errors.InternalError(
                 f"unexpected {type(exc).__name__}: {exc}. This is a bug in kernel_loader; please report it with the command line."
             )
-        message = _tidy(str(exc), args)
+        message = str(exc) if isinstance(exc, errors.InternalError) else _tidy(str(exc), args)
         if as_json:
             _print_json({"error": _error_json(exc, message)})
         else:
