@@ -215,12 +215,15 @@ def prune(cache_dir: str | Path | None = None, keep_shas: set[str] | None = None
     return removed
 
 
-def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | None = None) -> list[Path]:
+def remove(
+    repo_id: str, revision: str | None = None, cache_dir: str | Path | None = None, keep_refs: bool = False
+) -> list[Path]:
     """Remove a cached repo (both repo types), or one revision of it; returns what was removed.
 
-    For a revision (branch, tag or sha): its snapshot, the refs that point to it, its completion
-    records, and the blobs no other snapshot uses, so that the next download fetches every file
-    afresh (a damaged blob is never reused).
+    For a revision (branch, tag or sha): its snapshot, the refs that point to it (unless
+    ``keep_refs``, for a re-fetch of the same sha), its completion records, and the blobs no other
+    snapshot uses, so that the next download fetches every file afresh (a damaged blob is never
+    reused).
 
     Raises:
         OSError: the cache is read-only or a file cannot be removed.
@@ -241,7 +244,7 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
         others = [s for s in (folder / "snapshots").glob("*") if s.name != sha]
         keep = {Path(link.resolve()).name for s in others for link in s.rglob("*") if link.is_symlink()}
         mine = {Path(link.resolve()).name for link in snapshot.rglob("*") if link.is_symlink()} if snapshot.is_dir() else set()
-        for ref in sorted((folder / "refs").glob("*")):
+        for ref in [] if keep_refs else sorted((folder / "refs").glob("*")):
             if _read_ref(folder, ref.name) == sha:
                 ref.unlink()
                 removed.append(ref)

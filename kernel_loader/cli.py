@@ -264,7 +264,7 @@ def cmd_download(args: argparse.Namespace) -> int:
             targets += [(e.repo_id, e.sha) for e in lockfile.read_lock(args.lock)]
         for repo_id, revision in targets:
             if revision is not None:
-                cache.remove(repo_id, revision, _cache_dir(args))
+                cache.remove(repo_id, revision, _cache_dir(args), keep_refs=True)
     code = EXIT_OK
     if args.lock:
         results = _download_lock(args.lock, args.all_variants)
