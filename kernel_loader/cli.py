@@ -114,15 +114,20 @@ class _ErrorReported(Exception):
 
 
 def _each(
-    args: argparse.Namespace, ids: Iterable[str], one: Callable[[str], Any], show: Callable[[Any], None], listed: bool = False
+    args: argparse.Namespace,
+    ids: Iterable[str],
+    one: Callable[[str], Any],
+    show: Callable[[Any], None],
+    listed: bool = False,
+    done: list | None = None,
 ) -> int:
     """Run ``one`` on every id, report each result or error; the exit code of the first failure.
 
     With ``--json`` the output is the one result (one id, unless ``listed``) or a list with one
-    entry per id.
+    entry per id, after the rows in ``done`` (results the verb already has).
     """
     ids = list(ids)
-    rows, code = [], EXIT_OK
+    rows, code = list(done or []), EXIT_OK
     for text in ids:
         try:
             result = one(text)
@@ -265,17 +270,12 @@ def cmd_download(args: argparse.Namespace) -> int:
         for repo_id, revision in targets:
             if revision is not None:
                 cache.remove(repo_id, revision, _cache_dir(args), keep_refs=True)
-    code = EXIT_OK
-    if args.lock:
-        results = _download_lock(args.lock, args.all_variants)
-        if args.json and not args.ids:
-            _print_json(results)
-        else:
-            for r in results:
-                _show_download(r) if not args.json else None
-    if args.ids:
-        code = _each(args, args.ids, lambda t: _download_ref(t, args.version, args.all_variants, args.trust_remote_code), _show_download, listed=True)
-    return code
+    locked = _download_lock(args.lock, args.all_variants) if args.lock else []
+    if not args.json:
+        for r in locked:
+            _show_download(r)
+    fetch = lambda t: _download_ref(t, args.version, args.all_variants, args.trust_remote_code)  # noqa: E731
+    return _each(args, args.ids, fetch, _show_download, listed=True, done=locked)
 
 
 def _cached_default_revision(repo_id: str, version: int | None, cache_dir: Path | None) -> str | None:
@@ -523,17 +523,29 @@ def _info(args: argparse.Namespace, text: str) -> dict:
     from kernel_loader.sources import hub
 
     try:
-        remote = hub.remote_repo(ref.repo_id)
-    except hub.HubUnreachable:
+        remote = _remote_repo(ref.repo_id)
+    except errors.OfflineKernelMissingError:
         return _info_cached(ref, args)
-    except hub.HubRepoMissing as exc:
-        raise errors.KernelNotFoundError(f"{exc}. Check the id (and HF_ENDPOINT / HF_TOKEN).") from None
     from kernel_loader.resolver import Request, _pick_ref
 
     ref_name, sha = _pick_ref(Request(ref, version=args.version), remote.versions(), {**remote.tags, **remote.branches}, f"on {constants.hf_endpoint()}")
     names = hub.list_variants(ref.repo_id, remote.repo_type, sha)
     build = _hub_metadata(ref.repo_id, remote.repo_type, sha, names)
     return {"repo_id": ref.repo_id, "revision": ref_name, "sha": sha, "origin": "hub", **_metadata_summary(build)}
+
+
+def _remote_repo(repo_id: str):
+    """The repo's refs on the Hub, its failures as our errors (info and versions)."""
+    from kernel_loader.sources import hub
+
+    try:
+        return hub.remote_repo(repo_id)
+    except hub.HubUnreachable as exc:
+        raise errors.OfflineKernelMissingError(
+            f"{repo_id}: the Hub is unreachable ({exc}); `kernel-loader cache ls` shows what is cached."
+        ) from None
+    except hub.HubRepoMissing as exc:
+        raise errors.KernelNotFoundError(f"{exc}. Check the id (and HF_ENDPOINT / HF_TOKEN).") from None
 
 
 def _hub_metadata(repo_id: str, repo_type: str, sha: str, names: list[str]) -> dict[str, dict | None]:
@@ -601,12 +613,7 @@ def _versions(args: argparse.Namespace, text: str) -> dict:
         from kernel_loader.sources import hub
 
         source = "hub"
-        try:
-            remote = hub.remote_repo(ref.repo_id)
-        except hub.HubUnreachable as exc:
-            raise errors.OfflineKernelMissingError(f"{ref.repo_id}: the Hub is unreachable ({exc}); `kernel-loader cache ls` shows what is cached.") from None
-        except hub.HubRepoMissing as exc:
-            raise errors.KernelNotFoundError(f"{exc}. Check the id (and HF_ENDPOINT / HF_TOKEN).") from None
+        remote = _remote_repo(ref.repo_id)
         for number, sha in sorted(remote.versions().items()):
             rows.append((number, sha, hub.list_variants(ref.repo_id, remote.repo_type, sha)))
     versions = []

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel_loader import cli, errors, loader
-from test_loader import fresh_memo, kernel_files, make_cache, two_variant_files  # noqa: F401 (fixture)
+from test_loader import fresh_memo, two_variant_files  # noqa: F401 (fixture)
 
 SHA = "a" * 40
 BIN = Path(sys.executable).parent
