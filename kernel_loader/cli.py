@@ -90,7 +90,7 @@ _LIBRARY_ERRORS = {
     "GatedRepoError": "gated repo: accept its terms on the Hub",
     "HfHubHTTPError": "HTTP error",
     "OfflineModeIsEnabled": "offline mode",
-    "ConnectError": "connection refused",
+    "ConnectError": "could not connect",
     "ConnectTimeout": "connection timed out",
     "ReadTimeout": "read timed out",
 }
@@ -194,9 +194,11 @@ def _download_ref(text: str, version: int | None, all_variants: bool, trust: boo
     if not all_variants:
         res = resolve_kernel(str(ref), version=version, trust_remote_code=trust)
         if res.source == "bundled":
-            raise errors.OfflineKernelMissingError(
-                f"Could not download {text}: {res.fallback or res.notes[-1]}. Check HF_ENDPOINT and the network, then retry."
-            )
+            from kernel_loader import constants
+
+            again = f"kernel-loader download {text}" + (f" --version {version}" if version is not None else "")
+            check = f" Run it with the Hub allowed: `{again}`" if constants.hf_offline() else " Check HF_ENDPOINT and the network, then retry."
+            raise errors.OfflineKernelMissingError(f"Could not download {text}: {res.fallback or res.notes[-1]}.{check}")
         return {"repo_id": ref.repo_id, "source": res.source, "sha": res.sha, "variants": [res.variant], "path": str(res.path)}
     trustmod.check_trust(ref.repo_id, trust)
     try:
@@ -270,6 +272,9 @@ def cmd_download(args: argparse.Namespace) -> int:
         for repo_id, revision in targets:
             if revision is not None:
                 cache.remove(repo_id, revision, _cache_dir(args), keep_refs=True)
+    # download never settles for the shipped copy (it says so in its error), so the warning
+    # that the shipped copy is in use would only repeat the reason
+    warnings.filterwarnings("ignore", message="Using the copy of .* shipped with kernel_loader")
     locked = _download_lock(args.lock, args.all_variants) if args.lock else []
     if not args.json:
         for r in locked:
@@ -933,9 +938,17 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the table in docs/cli.md)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
-    args: argparse.Namespace | None = None
     old_formatwarning = warnings.formatwarning
     warnings.formatwarning = _warning_formatter(None, None)
+    try:
+        with warnings.catch_warnings():  # a verb's filters end with it (main may run in-process)
+            return _main(argv, as_json)
+    finally:
+        warnings.formatwarning = old_formatwarning
+
+
+def _main(argv: list[str], as_json: bool) -> int:
+    args: argparse.Namespace | None = None
     try:
         try:
             args = build_parser().parse_args(argv)
@@ -961,8 +974,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"error: {message}", file=sys.stderr)
         return _exit_code(exc)
-    finally:
-        warnings.formatwarning = old_formatwarning
 
 
 if __name__ == "__main__":  # pragma: no cover

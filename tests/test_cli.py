@@ -277,3 +277,23 @@ def test_offline_explain_lists_every_variant_from_the_completion_record(hub_env,
     assert "from the record written at download (2 variants)" in out
     record.write_text("{not json")  # a damaged record: the listing is unknown again, no traceback
     assert "listing of this revision is unknown" in run(capsys, "explain", repo_id)[1]
+
+
+def test_the_fast_verbs_never_import_torch(hub_env, cli_repo, tmp_path):
+    repo_id, sha = cli_repo
+    assert cli.main(["download", f"{repo_id}@v1"]) == 0
+    lock = tmp_path / "kernels.lock"
+    lock.write_text(json.dumps([{"repo_id": repo_id, "sha": sha, "variants": {}}]))
+    verbs = [["--help"], ["cache", "ls"], ["verify", "--lock", str(lock)], ["doctor"], ["explain", repo_id],
+             ["variants", repo_id], ["info", repo_id], ["versions", repo_id]]
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from kernel_loader import cli\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        cli.main(argv)\n"
+        "    assert 'torch' not in sys.modules, argv\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "NumPy" not in proc.stderr

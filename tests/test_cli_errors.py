@@ -185,6 +185,14 @@ def test_offline_advice_says_to_unset_hf_hub_offline_and_works(hub_env, hub_serv
     for command in commands:
         assert run_advice(command).returncode == 0, command
     assert shell("cache", "ls").stdout.count(repo_id) == 1
+    # a kernel the package also ships: download still refuses the shipped copy, says why once
+    hub_server.add_shipped_repo("kernels-community/flash-attn2", versions=(1,))
+    proc = shell("download", "kernels-community/flash-attn2")
+    assert proc.returncode == errors.OfflineKernelMissingError.exit_code and "warning" not in proc.stderr
+    assert proc.stderr.count("HF_HUB_OFFLINE=1") == 1, proc.stderr
+    commands = advice(proc.stderr)
+    assert commands == ["env -u HF_HUB_OFFLINE kernel-loader download kernels-community/flash-attn2"]
+    assert run_advice(commands[0]).returncode == 0
 
 
 def test_a_failing_explain_does_not_advise_itself(hub_env, capsys):
