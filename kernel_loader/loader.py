@@ -13,7 +13,7 @@ from types import ModuleType
 from kernel_loader import importer
 from kernel_loader.errors import KernelLoaderError, KernelNotFoundError
 from kernel_loader.machine import Machine, detect_machine
-from kernel_loader.refs import KernelRef, check_backend, check_function, check_version
+from kernel_loader.refs import KernelRef, check_backend, check_function, check_path, check_version
 from kernel_loader.resolution import Resolution
 from kernel_loader.resolver import Request, resolve, resolve_bundled, resolve_local
 
@@ -141,7 +141,10 @@ def get_kernel(
         KernelImportError: the kernel's package failed to import.
     """
     key = (repo_id, revision, version, backend, trust_remote_code, local_files_only)
-    module = _memo.get(key)
+    try:
+        module = _memo.get(key)
+    except TypeError:  # an unhashable argument: resolve_kernel names the wrong one
+        module = None
     if module is not None and (key not in _fallback_env or _fallback_env[key] == _env_snapshot()):
         return module
     res = resolve_kernel(
@@ -166,8 +169,12 @@ def get_local_kernel(path: str | Path, *, backend: str | None = None) -> ModuleT
         NoCompatibleVariantError: no variant fits this machine.
         MissingDependencyError, KernelImportError: as for :func:`get_kernel`.
     """
+    check_path(path, "path")
     check_backend(backend, detect_machine())
-    path = Path(path).expanduser().resolve()
+    try:
+        path = Path(path).expanduser().resolve()
+    except RuntimeError:  # "~nouser/..."
+        raise KernelNotFoundError(f"{path}: names an unknown user's home folder") from None
     key = ("local", str(path), backend)
     module = _memo.get(key)
     if module is not None:
@@ -229,6 +236,8 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
         KernelImportError: the kernel's package failed to import.
     """
     KernelRef.parse(repo_id)
+    if lockfile is not None:
+        check_path(lockfile, "lockfile")
     key = ("lock", repo_id, str(lockfile) if lockfile is not None else None)
     module = _recall(key)
     if module is not None:

@@ -115,6 +115,8 @@ class KernelRef:
                 revision that conflicts with ``revision``.
         """
         ref = cls.parse(repo_id)
+        if revision is not None and not isinstance(revision, str):
+            raise InvalidArgumentError(f"revision={revision!r} is not a branch, tag or sha: give a string")
         if revision is not None:
             if ref.revision is not None and ref.revision != revision:
                 raise _invalid(repo_id, f"it names revision {ref.revision!r} but revision={revision!r} was also given")
@@ -210,3 +212,15 @@ def check_function(module: object, ref: KernelRef) -> None:
     names = sorted(n for n in dir(module) if not n.startswith("_"))
     shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40 else "")
     raise KernelFunctionNotFoundError(f"{ref.repo_id} has no function {ref.function!r}; it has: {shown or 'no public names'}")
+
+
+def check_path(value: object, name: str) -> None:
+    """Check that ``value`` can name a file or folder (a ``str`` or ``os.PathLike``).
+
+    Raises:
+        InvalidArgumentError: it cannot.
+    """
+    import os
+
+    if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value):
+        raise InvalidArgumentError(f"{name}={value!r} is not a path: give a non-empty str or pathlib.Path")

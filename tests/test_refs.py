@@ -158,3 +158,44 @@ def test_get_kernel_refuses_a_missing_function(tmp_path, monkeypatch):
     with pytest.raises(KernelFunctionNotFoundError, match="has no function 'nope'; it has: .*answer"):
         kernel_loader.get_kernel("kernels-community/fnkernel:nope")
     loader.clear_memo()
+
+
+# -- any argument values to the public entry points: one of our errors, nothing else -------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from kernel_loader.errors import KernelLoaderError  # noqa: E402
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, width=16),
+                   st.sampled_from(["org/x", "kernels-community/x@v1", "x", "", "..", "cpu", "tpu", "abc", "~nouser/k"]),
+                   st.text(max_size=8), st.lists(st.integers(), max_size=2))
+
+
+@pytest.fixture
+def empty_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNEL_LOADER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KERNEL_LOADER_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KERNEL_LOADER_NO_BUNDLED", "1")
+    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(repo_id=VALUES, revision=VALUES, version=VALUES, backend=VALUES, lock=VALUES)
+def test_any_arguments_raise_only_our_errors(empty_offline, repo_id, revision, version, backend, lock):
+    from kernel_loader import loader
+
+    calls = (
+        lambda: loader.get_kernel(repo_id, revision, version=version, backend=backend),
+        lambda: loader.has_kernel(repo_id, revision, version=version),
+        lambda: loader.resolve_kernel(repo_id, revision, version=version, backend=backend, download=False),
+        lambda: loader.load_kernel(repo_id, lockfile=lock),
+        lambda: loader.get_local_kernel(repo_id, backend=backend),
+    )
+    for call in calls:
+        try:
+            call()
+        except KernelLoaderError:
+            pass
