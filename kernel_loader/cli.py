@@ -372,7 +372,7 @@ def _machine_from_args(args: argparse.Namespace):
     return Machine(**{"cxx11_abi": None, "backend_version": None, **data})
 
 
-def _offline_listing(res) -> list[str] | None:
+def _offline_listing(res, cache_dir: Path | None) -> list[str] | None:
     """Every variant of the resolved revision as the completion records list them; None if unknown."""
     from kernel_loader import cache
 
@@ -380,7 +380,7 @@ def _offline_listing(res) -> list[str] | None:
         return None
     names: set[str] = set()
     for repo_type in cache.REPO_TYPES:
-        folder = cache.repo_folder(res.repo_id, repo_type, None) / "kernel-loader" / res.sha
+        folder = cache.repo_folder(res.repo_id, repo_type, cache_dir) / "kernel-loader" / res.sha
         for record in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             try:
                 listed = json.loads(record.read_text()).get("variants")
@@ -391,16 +391,17 @@ def _offline_listing(res) -> list[str] | None:
     return sorted(names) or None
 
 
-def _whole_story(res, backend: str | None) -> None:
+def _whole_story(res, backend: str | None, cache_dir: Path | None) -> None:
     """Add the revision's variants that are not in the cache (offline explain) to ``res.decisions``."""
     from kernel_loader.resolution import VariantDecision
     from kernel_loader.variants import rank_variants
 
     if res.source != "cache":
         return
-    listing = _offline_listing(res)
+    listing = _offline_listing(res, cache_dir)
     if listing is None:
-        res.notes.append("offline: the Hub's full variant listing of this revision is unknown (no completion record lists it)")
+        res.notes.append("the Hub was not asked and no completion record lists the revision's builds: the full "
+                         "variant listing of this revision is unknown")
         return
     have = {d.variant for d in res.decisions}
     for d in rank_variants([v for v in listing if v not in have], res.machine, backend):
@@ -425,11 +426,12 @@ def _explain_one(args: argparse.Namespace, name: str):
             trust_remote_code=args.trust_remote_code,
             download=False,
             machine=_machine_from_args(args),
+            cache_dir=_cache_dir(args),
         )
     except errors.NoCompatibleVariantError as exc:
         exc.explained = True  # type: ignore[attr-defined]
         raise
-    _whole_story(res, args.backend)
+    _whole_story(res, args.backend, _cache_dir(args))
     return ("res", res)
 
 
@@ -447,7 +449,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
             return (kind, value)
         if kind == "chain":
             return {"id": name, "chain": value}
-        return value.to_json() if explain else [d.to_json() for d in value.decisions]
+        if explain:
+            return value.to_json()
+        decisions = [d.to_json() for d in value.decisions]
+        return decisions if len(args.ids) == 1 else {"id": name, "decisions": decisions}
 
     def show(item) -> None:
         kind, value = item
