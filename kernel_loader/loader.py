@@ -235,13 +235,13 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
         KernelIntegrityError: the files differ from the lock.
         KernelImportError: the kernel's package failed to import.
     """
-    KernelRef.parse(repo_id)
-    if lockfile is not None:
-        check_path(lockfile, "lockfile")
     key = ("lock", repo_id, str(lockfile) if lockfile is not None else None)
     module = _recall(key)
     if module is not None:
         return module
+    KernelRef.parse(repo_id)  # the id is checked before the lock file is looked for
+    if lockfile is not None:
+        check_path(lockfile, "lockfile")
     from kernel_loader import lockfile as lockmod
 
     res = lockmod.resolve_locked(repo_id, lockfile)
