@@ -54,7 +54,10 @@ def _remember(key: tuple, module: ModuleType) -> None:
 
 
 def _recall(key: tuple) -> ModuleType | None:
-    module = _memo.get(key)
+    try:
+        module = _memo.get(key)
+    except TypeError:  # an unhashable argument: the checks after the memo name it
+        return None
     if module is not None and key in _fallback_env and _fallback_env[key] != _env_snapshot():
         return None
     return module
