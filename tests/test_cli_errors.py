@@ -300,3 +300,20 @@ def test_any_argv_gets_an_exit_code_from_the_table(offline_cache, capsys, argv):
     if "doctor" in argv or "download" in argv or "lock" in argv:
         argv = [a for a in argv if a not in ("doctor", "download", "lock")]  # no network in a fuzz run
     run(capsys, *argv)
+
+
+def test_verify_advice_fetches_what_is_missing(hub_env, hub_server, tmp_path, monkeypatch, capsys):
+    repo_id = hub_server.new_repo_id("verifyme", org="kernels-community")
+    hub_server.add_repo(repo_id, two_variant_files(6, "verifyme"))
+    hub_server.create_branch(repo_id, "v1")
+    (tmp_path / "pyproject.toml").write_text(f'[tool.kernels.dependencies]\n"{repo_id}" = 1\n')
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "lock")[0] == 0
+    code, out, _ = run(capsys, "verify")
+    assert code == errors.KernelNotFoundError.exit_code and "missing" in out
+    [command] = set(advice(out))
+    assert run_advice(command).returncode == 0
+    assert run(capsys, "verify")[0] == 0
+    # and `cache rm` of something absent points at `cache ls`, which answers
+    code, _, err = run(capsys, "cache", "rm", "kernels-community/never-cached")
+    assert code == 3 and [run_advice(c).returncode for c in advice(err)] == [0]
