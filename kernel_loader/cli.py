@@ -150,7 +150,7 @@ def _each(
             show(result)
     if args.json:
         single = len(ids) == 1 and not listed
-        _print_json(rows[0] if single and "error" not in rows[0] else rows)
+        _print_json(rows[0] if single else rows)
         if single and code:
             raise _ErrorReported(code)
     return code

@@ -167,8 +167,8 @@ def test_json_makes_errors_json(offline_cache, capsys):
     data = json.loads(out)
     assert code == 2 and data["error"]["type"] == "UsageError" and data["error"]["exit_code"] == 2 and not err
     code, out, _ = run(capsys, "explain", "kernels-community/not-cached", "--json")
-    [row] = json.loads(out) if out.lstrip().startswith("[") else [json.loads(out)]
-    assert code == 3 and row["error"]["type"] == "OfflineKernelMissingError"
+    row = json.loads(out)  # one id: one object, its error inside
+    assert code == 3 and row["id"] == "kernels-community/not-cached" and row["error"]["type"] == "OfflineKernelMissingError"
     code, out, _ = run(capsys, "cache", "rm", "kernels-community/x", "--json")
     assert code == 3 and json.loads(out)[0]["error"]["type"] == "KernelNotFoundError"
 
