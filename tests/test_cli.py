@@ -263,6 +263,8 @@ def test_explain_and_variants_write_nothing_into_the_cache(hub_env, hub_server, 
 def test_offline_explain_lists_every_variant_from_the_completion_record(hub_env, cli_repo, capsys):
     repo_id, sha = cli_repo
     assert run(capsys, "download", f"{repo_id}@v1")[0] == 0
+    online = json.loads(run(capsys, "explain", repo_id, "--json")[1])  # the Hub's listing, not the cache's
+    assert online["source"] == "hub" and [d["variant"] for d in online["decisions"]] == ["torch-universal", OTHER]
     hub_env.set_offline(True)
     data = json.loads(run(capsys, "explain", repo_id, "--json")[1])
     assert [d["variant"] for d in data["decisions"]] == ["torch-universal"]
