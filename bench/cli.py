@@ -127,6 +127,7 @@ def main() -> None:
         "command": f".venv/bin/python bench/cli.py --repeat {opts.repeat}",
         "commit": commit,
         "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "load_average": [round(x, 1) for x in os.getloadavg()],  # the box is shared: say how busy it was
         "versions": {d: version(d) for d in ("torch", "huggingface_hub", "kernels")},
         "repeat": opts.repeat,
         "budget_s": BUDGET_S,
@@ -137,12 +138,14 @@ def main() -> None:
     lines = [
         "# CLI response times",
         "",
-        f"{info['date']}, commit {commit}, `{info['command']}`; {info['machine']}; "
+        f"{info['date']}, commit {commit}, `{info['command']}`; {info['machine']} "
+        f"(load average {', '.join(map(str, info['load_average']))} at the end); "
         + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v) + ".",
         "",
         f"Fresh process per run (interpreter start included), median of {opts.repeat}, warm cache; "
         "online = the loopback olah Hub. `kernels` 0.17.2 asks only for repo type `kernel`, which olah does not "
-        "serve, so it is timed on the verbs it can run here.",
+        "serve, so it is timed on the verbs it can run here. The online verbs spend about half their time "
+        "importing `huggingface_hub.hf_api` and the rest in round trips to the Hub.",
         "",
         "| verb | kernel-loader (s) | kernels 0.17.2 (s) | within 0.5 s |",
         "|---|---|---|---|",

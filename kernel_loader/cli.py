@@ -492,10 +492,10 @@ def _metadata_summary(build: dict[str, dict | None]) -> dict:
             depends |= {d for d in deps if isinstance(d, str)}
     backends = set()
     for name, meta in build.items():
-        v = parse_variant(name)
-        backend = v.backend or (meta or {}).get("backend", {}).get("type") if isinstance(meta, dict) else v.backend
-        if backend:
-            backends.add("any" if backend == "universal" else str(backend))
+        declared = meta.get("backend") if isinstance(meta, dict) else None
+        backend = parse_variant(name).backend or (declared.get("type") if isinstance(declared, dict) else None)
+        if isinstance(backend, str) and backend:
+            backends.add("any" if backend == "universal" else backend)
     return {**{k: info.get(k) for k in ("name", "version", "license", "upstream", "source")},
             "python_depends": sorted(depends), "backends": sorted(backends), "builds": sorted(build)}
 
@@ -578,8 +578,7 @@ def _info_cached(ref, args: argparse.Namespace) -> dict:
             f"{ref.repo_id}{'@' + revision if revision else ''} is not in the cache {cache.cache_root(_cache_dir(args))} "
             f"and the Hub is not used. Fetch it with `kernel-loader download {ref}`."
         )
-    names = [p.name for p in sorted(snapshot.build_dir.iterdir()) if p.is_dir()]
-    build = {n: _read_json_file(snapshot.build_dir / n / "metadata.json") for n in names}
+    build = {n: _read_json_file(snapshot.build_dir / n / "metadata.json") for n in snapshot.variants()}
     return {"repo_id": ref.repo_id, "revision": revision, "sha": snapshot.sha, "origin": "cache", **_metadata_summary(build)}
 
 

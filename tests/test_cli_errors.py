@@ -317,3 +317,14 @@ def test_verify_advice_fetches_what_is_missing(hub_env, hub_server, tmp_path, mo
     # and `cache rm` of something absent points at `cache ls`, which answers
     code, _, err = run(capsys, "cache", "rm", "kernels-community/never-cached")
     assert code == 3 and [run_advice(c).returncode for c in advice(err)] == [0]
+
+
+def test_info_of_a_folder_with_odd_metadata(tmp_path, capsys):
+    from test_loader import make_repo
+
+    make_repo(tmp_path / "odd", {"torch-universal": {"metadata.json": '{"backend": "cuda", "python-depends": "x"}',
+                                                     "__init__.py": ""},
+                                 "torch-weird": {"metadata.json": "[1]", "__init__.py": ""}})
+    code, out, _ = run(capsys, "info", str(tmp_path / "odd"), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["builds"] == ["torch-universal", "torch-weird"] and data["python_depends"] == []
