@@ -328,3 +328,10 @@ def test_info_of_a_folder_with_odd_metadata(tmp_path, capsys):
     code, out, _ = run(capsys, "info", str(tmp_path / "odd"), "--json")
     data = json.loads(out)
     assert code == 0 and data["builds"] == ["torch-universal", "torch-weird"] and data["python_depends"] == []
+
+
+def test_doctor_reports_a_malformed_local_kernels_instead_of_failing(offline_cache, monkeypatch, capsys):
+    monkeypatch.setenv("LOCAL_KERNELS", "not a mapping")
+    code, out, _ = run(capsys, "doctor")
+    assert code == 0 and "local:     invalid: LOCAL_KERNELS='not a mapping' is not understood" in out
+    assert "unset HF_HUB_OFFLINE" in out
