@@ -27,6 +27,9 @@ _EXPORTS: dict[str, str] = {
     # errors
     "KernelLoaderError": "kernel_loader.errors",
     "InvalidKernelRefError": "kernel_loader.errors",
+    "InvalidArgumentError": "kernel_loader.errors",
+    "KernelFunctionNotFoundError": "kernel_loader.errors",
+    "CacheError": "kernel_loader.errors",
     "KernelNotFoundError": "kernel_loader.errors",
     "OfflineKernelMissingError": "kernel_loader.errors",
     "NoCompatibleVariantError": "kernel_loader.errors",

@@ -195,11 +195,66 @@ def prune(cache_dir: str | Path | None = None, keep_shas: set[str] | None = None
                 if not dry_run:
                     shutil.rmtree(repo.folder / "snapshots" / sha)
         blobs = repo.folder / "blobs"
-        if dry_run or not blobs.is_dir():
+        if not blobs.is_dir():
             continue
-        used = {Path(link.resolve()).name for link in (repo.folder / "snapshots").rglob("*") if link.is_symlink()}
-        for blob in blobs.iterdir():
+        # Blobs used by no snapshot that stays; computed the same way with --dry-run, so the
+        # dry run lists exactly what a real prune removes.
+        gone = {p.name for p in removed if p.parent == repo.folder / "snapshots"}
+        used = {
+            Path(link.resolve()).name
+            for snap in (repo.folder / "snapshots").glob("*")
+            if snap.name not in gone
+            for link in snap.rglob("*")
+            if link.is_symlink()
+        }
+        for blob in sorted(blobs.iterdir()):
             if blob.name not in used:
                 removed.append(blob)
-                blob.unlink()
+                if not dry_run:
+                    blob.unlink()
+    return removed
+
+
+def remove(
+    repo_id: str, revision: str | None = None, cache_dir: str | Path | None = None, keep_refs: bool = False
+) -> list[Path]:
+    """Remove a cached repo (both repo types), or one revision of it; returns what was removed.
+
+    For a revision (branch, tag or sha): its snapshot, the refs that point to it (unless
+    ``keep_refs``, for a re-fetch of the same sha), its completion records, and the blobs no other
+    snapshot uses, so that the next download fetches every file afresh (a damaged blob is never
+    reused).
+
+    Raises:
+        OSError: the cache is read-only or a file cannot be removed.
+    """
+    removed: list[Path] = []
+    for repo_type in REPO_TYPES:
+        folder = repo_folder(repo_id, repo_type, cache_dir)
+        if not folder.is_dir():
+            continue
+        if revision is None:
+            shutil.rmtree(folder)
+            removed.append(folder)
+            continue
+        sha = revision if is_sha(revision) else _read_ref(folder, revision)
+        if sha is None:
+            continue
+        snapshot = folder / "snapshots" / sha
+        others = [s for s in (folder / "snapshots").glob("*") if s.name != sha]
+        keep = {Path(link.resolve()).name for s in others for link in s.rglob("*") if link.is_symlink()}
+        mine = {Path(link.resolve()).name for link in snapshot.rglob("*") if link.is_symlink()} if snapshot.is_dir() else set()
+        for ref in [] if keep_refs else sorted((folder / "refs").glob("*")):
+            if _read_ref(folder, ref.name) == sha:
+                ref.unlink()
+                removed.append(ref)
+        for target in (snapshot, folder / "kernel-loader" / sha):
+            if target.is_dir():
+                shutil.rmtree(target)
+                removed.append(target)
+        for blob in sorted(mine - keep):
+            path = folder / "blobs" / blob
+            if path.is_file():
+                path.unlink()
+                removed.append(path)
     return removed

@@ -91,3 +91,13 @@ def backend_override() -> str | None:
     """``KERNEL_LOADER_BACKEND``: force a backend (``cpu``, ``cuda``, ...) for variant selection."""
     value = os.environ.get("KERNEL_LOADER_BACKEND", "").strip().lower()
     return value or None
+
+
+def cuda_visible_devices() -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` as set (None when unset), to tell which GPU CUDA calls device 0."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def cuda_device_order() -> str | None:
+    """``CUDA_DEVICE_ORDER`` (``PCI_BUS_ID`` makes CUDA number GPUs as the driver does)."""
+    return os.environ.get("CUDA_DEVICE_ORDER")

@@ -1,7 +1,8 @@
 """Every exception kernel_loader raises, under one base class.
 
 Messages are written for the person at the terminal: what went wrong, what was looked at, and
-the command or setting that fixes it.
+the command or setting that fixes it. Each class carries the ``kernel-loader`` exit code it maps
+to (``exit_code``); :data:`EXIT_CODES` is the table docs/cli.md prints.
 """
 
 from __future__ import annotations
@@ -10,13 +11,35 @@ from __future__ import annotations
 class KernelLoaderError(Exception):
     """Base class of every error raised by kernel_loader."""
 
+    exit_code: int = 1
+
+
+class UsageError(KernelLoaderError, ValueError):
+    """The command line is malformed: an unknown verb or flag, a missing or ill-typed argument."""
+
+    exit_code = 2
+
+
+class InvalidArgumentError(KernelLoaderError, ValueError):
+    """An argument other than the kernel id is invalid (``version``, ``backend``, ``--machine``, a path)."""
+
+    exit_code = 2
+
 
 class InvalidKernelRefError(KernelLoaderError, ValueError):
     """A kernel id does not have one of the accepted forms."""
 
+    exit_code = 2
+
 
 class KernelNotFoundError(KernelLoaderError, LookupError):
     """No source (local override, cache, Hub, shipped copy) has the requested repo or revision."""
+
+    exit_code = 3
+
+
+class KernelFunctionNotFoundError(KernelNotFoundError, AttributeError):
+    """The kernel loaded but has no attribute named by the id's ``:function`` part."""
 
 
 class OfflineKernelMissingError(KernelNotFoundError):
@@ -29,6 +52,8 @@ class NoCompatibleVariantError(KernelLoaderError):
     ``decisions`` holds one record per variant with the reason it was rejected.
     """
 
+    exit_code = 4
+
     def __init__(self, message: str, decisions: list | None = None) -> None:
         super().__init__(message)
         self.decisions = list(decisions or [])
@@ -37,13 +62,19 @@ class NoCompatibleVariantError(KernelLoaderError):
 class KernelIntegrityError(KernelLoaderError):
     """Files on disk do not match the hash recorded in the lock file."""
 
+    exit_code = 5
+
 
 class UntrustedKernelError(KernelLoaderError):
     """The kernel's org is not trusted; kernels are code and are not imported without consent."""
 
+    exit_code = 6
+
 
 class MissingDependencyError(KernelLoaderError):
     """The kernel declares Python dependencies that are not installed."""
+
+    exit_code = 7
 
 
 class KernelImportError(KernelLoaderError, ImportError):
@@ -52,6 +83,8 @@ class KernelImportError(KernelLoaderError, ImportError):
 
 class LockfileError(KernelLoaderError):
     """A lock file or pyproject dependency table is missing, unreadable or malformed."""
+
+    exit_code = 2
 
 
 class UnusableKernelError(KernelLoaderError):
@@ -73,5 +106,37 @@ class UnsupportedTransformersVersionError(KernelLoaderError, ImportError):
     """The installed transformers is missing or outside the range the transformers bridge supports."""
 
 
-class CacheNotWritableError(KernelLoaderError, PermissionError):
+class CacheError(KernelLoaderError, OSError):
+    """The kernel cache folder cannot be used: not a folder, unreadable, or not writable."""
+
+    exit_code = 8
+
+
+class CacheNotWritableError(CacheError, PermissionError):
     """A download was needed but the kernel cache is read-only (e.g. a shared cluster cache)."""
+
+
+class InternalError(KernelLoaderError):
+    """A bug in kernel_loader: an unexpected exception, reported by the CLI instead of a traceback."""
+
+    exit_code = 70
+
+
+#: exit code -> (error classes, meaning), the table of docs/cli.md; 0 is success.
+EXIT_CODES: dict[int, tuple[tuple[str, ...], str]] = {
+    0: ((), "success"),
+    1: (("KernelLoaderError", "KernelImportError", "UnusableKernelError", "UnknownAttentionBackendError",
+         "UnsupportedAttentionOptionError", "UnsupportedTransformersVersionError"),
+        "any other kernel_loader error (the kernel failed to import, exports nothing usable, ...)"),
+    2: (("UsageError", "InvalidKernelRefError", "InvalidArgumentError", "LockfileError"),
+        "bad usage: a malformed id, argument, flag, lock file or pyproject table"),
+    3: (("KernelNotFoundError", "OfflineKernelMissingError", "KernelFunctionNotFoundError"),
+        "the repo or revision is not found (or not cached while offline / the Hub is unreachable)"),
+    4: (("NoCompatibleVariantError",), "no build variant fits this machine"),
+    5: (("KernelIntegrityError",), "files differ from the completion record or the lock"),
+    6: (("UntrustedKernelError",), "the kernel's org is not trusted"),
+    7: (("MissingDependencyError",), "the kernel needs Python packages that are not installed"),
+    8: (("CacheError", "CacheNotWritableError"), "the cache folder is not a folder, unreadable or read-only"),
+    70: (("InternalError",), "a bug in kernel_loader (please report it with the command line)"),
+    130: ((), "interrupted (Ctrl-C)"),
+}

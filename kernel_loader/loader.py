@@ -12,8 +12,8 @@ from types import ModuleType
 
 from kernel_loader import importer
 from kernel_loader.errors import KernelLoaderError, KernelNotFoundError
-from kernel_loader.machine import Machine
-from kernel_loader.refs import KernelRef
+from kernel_loader.machine import Machine, detect_machine
+from kernel_loader.refs import KernelRef, check_backend, check_function, check_path, check_version
 from kernel_loader.resolution import Resolution
 from kernel_loader.resolver import Request, resolve, resolve_bundled, resolve_local
 
@@ -54,7 +54,10 @@ def _remember(key: tuple, module: ModuleType) -> None:
 
 
 def _recall(key: tuple) -> ModuleType | None:
-    module = _memo.get(key)
+    try:
+        module = _memo.get(key)
+    except TypeError:  # an unhashable argument: the checks after the memo name it
+        return None
     if module is not None and key in _fallback_env and _fallback_env[key] != _env_snapshot():
         return None
     return module
@@ -91,10 +94,13 @@ def resolve_kernel(
     ``metadata.json`` files are fetched to check GPU archs).
 
     Raises:
-        InvalidKernelRefError, UntrustedKernelError, KernelNotFoundError, OfflineKernelMissingError,
-        NoCompatibleVariantError, MissingDependencyError: see :func:`get_kernel`.
+        InvalidKernelRefError, InvalidArgumentError, UntrustedKernelError, KernelNotFoundError,
+        OfflineKernelMissingError, NoCompatibleVariantError, MissingDependencyError: see :func:`get_kernel`.
     """
+    # Arguments are checked before any disk or network work.
     ref = KernelRef.from_parts(repo_id, revision)
+    check_version(version)
+    check_backend(backend, machine or detect_machine())
     req = Request(
         ref,
         version=version,
@@ -126,6 +132,10 @@ def get_kernel(
 
     Raises:
         InvalidKernelRefError: a malformed id, or both ``revision`` and ``version``.
+        InvalidArgumentError: ``version`` is not an int >= 0, or ``backend`` is unknown or not
+            available here (the message lists the backends).
+        KernelFunctionNotFoundError: the id's ``:function`` is not in the kernel (the message
+            lists what it has).
         UntrustedKernelError: the org is not trusted and ``trust_remote_code`` is False.
         KernelNotFoundError: no source has the repo or revision.
         OfflineKernelMissingError: offline / local_files_only / Hub unreachable and not cached.
@@ -134,7 +144,10 @@ def get_kernel(
         KernelImportError: the kernel's package failed to import.
     """
     key = (repo_id, revision, version, backend, trust_remote_code, local_files_only)
-    module = _memo.get(key)
+    try:
+        module = _memo.get(key)
+    except TypeError:  # an unhashable argument: resolve_kernel names the wrong one
+        module = None
     if module is not None and (key not in _fallback_env or _fallback_env[key] == _env_snapshot()):
         return module
     res = resolve_kernel(
@@ -146,6 +159,7 @@ def get_kernel(
         local_files_only=local_files_only,
     )
     module = _import(res)
+    check_function(module, KernelRef.parse(repo_id))
     _remember(key, module)
     return module
 
@@ -158,7 +172,12 @@ def get_local_kernel(path: str | Path, *, backend: str | None = None) -> ModuleT
         NoCompatibleVariantError: no variant fits this machine.
         MissingDependencyError, KernelImportError: as for :func:`get_kernel`.
     """
-    path = Path(path).expanduser().resolve()
+    check_path(path, "path")
+    check_backend(backend, detect_machine())
+    try:
+        path = Path(path).expanduser().resolve()
+    except RuntimeError:  # "~nouser/..."
+        raise KernelNotFoundError(f"{path}: names an unknown user's home folder") from None
     key = ("local", str(path), backend)
     module = _memo.get(key)
     if module is not None:
@@ -188,6 +207,7 @@ def has_kernel(repo_id: str, revision: str | None = None, *, version: int | None
 
     Raises:
         InvalidKernelRefError: a malformed id.
+        InvalidArgumentError: ``version`` is not an int >= 0.
         UntrustedKernelError: the org is not trusted (use ``trust_remote_code=True`` to load it).
     """
     from kernel_loader.errors import (
@@ -210,6 +230,7 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
     is remembered in the state folder, so a warm load only stats the files).
 
     Raises:
+        InvalidKernelRefError: a malformed id (checked before the lock file is looked for).
         LockfileError: no lock file, or ``repo_id`` is not in it.
         OfflineKernelMissingError: the locked sha (or variant) is not in the cache; run
             ``kernel-loader download --lock kernels.lock``.
@@ -221,6 +242,9 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
     module = _recall(key)
     if module is not None:
         return module
+    KernelRef.parse(repo_id)  # the id is checked before the lock file is looked for
+    if lockfile is not None:
+        check_path(lockfile, "lockfile")
     from kernel_loader import lockfile as lockmod
 
     res = lockmod.resolve_locked(repo_id, lockfile)
@@ -242,7 +266,7 @@ def get_bundled_kernel(repo_id: str) -> ModuleType:
     if module is not None:
         return module
     ref = KernelRef.parse(repo_id)
-    res = resolve_bundled(Request(ref), "get_bundled_kernel() asked for it")
+    res = resolve_bundled(Request(ref), "the shipped copy was asked for")
     if res is None:
         from kernel_loader import constants
         from kernel_loader.sources import bundled

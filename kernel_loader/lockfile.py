@@ -92,13 +92,15 @@ def read_lock(path: str | Path) -> list[LockEntry]:
             raise LockfileError(f"Lock file {path}: entry {i} is not an object.")
         if "dependency" in item:  # kernels >= 0.11
             dep, lock = item.get("dependency") or {}, item.get("lock") or {}
+            if not isinstance(dep, dict) or not isinstance(lock, dict):
+                raise LockfileError(f"Lock file {path}: 'dependency' and 'lock' of entry {i} must be objects.")
             repo_id, sha = dep.get("repo-id"), lock.get("commit")
             entry = LockEntry(str(repo_id), str(sha), {}, dep.get("version"), dep.get("revision"))
         else:
             repo_id, sha = item.get("repo_id"), item.get("sha")
             variants = item.get("variants") or {}
-            if not isinstance(variants, dict):
-                raise LockfileError(f"Lock file {path}: 'variants' of entry {i} must be an object.")
+            if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+                raise LockfileError(f"Lock file {path}: 'variants' of entry {i} must map variant names to objects.")
             entry = LockEntry(str(repo_id), str(sha), variants, item.get("version"), item.get("revision"))
         try:
             KernelRef.parse(entry.repo_id)
@@ -150,7 +152,9 @@ def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
         raise LockfileError(f"Cannot read {pyproject}: {exc}.") from None
     except tomllib.TOMLDecodeError as exc:
         raise LockfileError(f"{pyproject} is not valid TOML: {exc}.") from None
-    table = data.get("tool", {}).get("kernels", {}).get("dependencies")
+    tool = data.get("tool")
+    kernels = tool.get("kernels") if isinstance(tool, dict) else None
+    table = kernels.get("dependencies") if isinstance(kernels, dict) else None
     if not isinstance(table, dict) or not table:
         raise LockfileError(
             f"{pyproject} has no [tool.kernels.dependencies] table. Add one, e.g.\n"
@@ -257,11 +261,18 @@ def verify_variant(path: Path, expected: dict, what: str, use_memo: bool = True)
         raise KernelIntegrityError(
             f"{what}: files in {path} do not match the lock (expected {want}, found {got})"
             + (f"; {'; '.join(details)}" if details else "")
-            + f". Re-fetch with `kernel-loader download --lock <lockfile>` after removing the cached copy "
-            "(`kernel-loader cache prune`), or re-lock with `kernel-loader lock` if the change is intended."
+            + f". {_refetch_advice(path, what)}Re-lock with `kernel-loader lock` if the change is intended."
         )
     _remember(key, fp)
     return "verified"
+
+
+def _refetch_advice(variant_dir: Path, what: str) -> str:
+    # A cached variant lives at snapshots/<sha>/build/<variant>: `download --force` replaces it.
+    sha, repo_id = variant_dir.parent.parent.name, what.split()[0].split("@")[0]
+    if not cache.is_sha(sha) or "/" not in repo_id:
+        return ""
+    return f"Re-fetch it with `kernel-loader download --force {repo_id}@{sha}`. "
 
 
 def _lock_for(repo_id: str, lockfile: str | Path | None) -> tuple[Path, LockEntry]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kernel_loader.errors import InvalidKernelRefError
+from kernel_loader.errors import InvalidArgumentError, InvalidKernelRefError, KernelFunctionNotFoundError
 
 MAX_REF_LENGTH = 256
 _MAX_PART = 96
@@ -115,6 +115,8 @@ class KernelRef:
                 revision that conflicts with ``revision``.
         """
         ref = cls.parse(repo_id)
+        if revision is not None and not isinstance(revision, str):
+            raise InvalidArgumentError(f"revision={revision!r} is not a branch, tag or sha: give a string")
         if revision is not None:
             if ref.revision is not None and ref.revision != revision:
                 raise _invalid(repo_id, f"it names revision {ref.revision!r} but revision={revision!r} was also given")
@@ -161,3 +163,64 @@ def _diagnose(text: str) -> str:
     if rest.endswith(":"):
         return "the function name after ':' is empty"
     return "it contains characters that are not allowed (use letters, digits, '.', '_', '-')"
+
+
+def check_version(version: object) -> int | None:
+    """``version`` as given when it is None or a non-negative int (the N of branch ``vN``).
+
+    Raises:
+        InvalidArgumentError: a bool, a negative number, or anything but an int.
+    """
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidArgumentError(
+            f"version={version!r} is not a version number: give a whole number N >= 0 (branch vN), e.g. version=1"
+        )
+    if version < 0:
+        raise InvalidArgumentError(f"version={version} is negative: give a whole number N >= 0 (branch vN)")
+    return version
+
+
+def check_backend(backend: object, machine: object | None = None) -> str | None:
+    """``backend`` when None or one of the known backends (and, given ``machine``, usable there).
+
+    Raises:
+        InvalidArgumentError: unknown backend, or one this machine does not have; the message
+            lists the known backends and this machine's.
+    """
+    from kernel_loader.machine import BACKENDS
+
+    if backend is None:
+        return None
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        have = f" (this machine has {machine.available_backends()})" if machine is not None else ""  # type: ignore[attr-defined]
+        raise InvalidArgumentError(f"backend={backend!r} is not a known backend; known: {', '.join(BACKENDS)}{have}")
+    if machine is not None:
+        machine.with_backend(backend)  # type: ignore[attr-defined]
+    return backend
+
+
+def check_function(module: object, ref: KernelRef) -> None:
+    """Check that the module of ``ref`` has the attribute named by ``ref.function``.
+
+    Raises:
+        KernelFunctionNotFoundError: it does not; the message lists the public names it has.
+    """
+    if ref.function is None or hasattr(module, ref.function):
+        return
+    names = sorted(n for n in dir(module) if not n.startswith("_"))
+    shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40 else "")
+    raise KernelFunctionNotFoundError(f"{ref.repo_id} has no function {ref.function!r}; it has: {shown or 'no public names'}")
+
+
+def check_path(value: object, name: str) -> None:
+    """Check that ``value`` can name a file or folder (a ``str`` or ``os.PathLike``).
+
+    Raises:
+        InvalidArgumentError: it cannot.
+    """
+    import os
+
+    if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value):
+        raise InvalidArgumentError(f"{name}={value!r} is not a path: give a non-empty str or pathlib.Path")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -277,10 +278,13 @@ def _resolve_remote(req: Request, machine: Machine, remote: hub.RemoteRepo) -> R
     # Download by ref name so refs/<name> is recorded for later offline resolution.
     rev = ref_name
     meta_cache: dict[str, dict | None] = {}
+    # An explanation (download=False) leaves the cache as it was: metadata goes to a scratch folder.
+    scratch = None if req.download else tempfile.TemporaryDirectory(prefix="kernel-loader-meta-")
+    meta_dir = cache_dir if scratch is None else Path(scratch.name)
 
     def read_meta(variant: str) -> dict | None:
         if variant not in meta_cache:
-            meta_cache[variant] = hub.read_metadata(repo_id, remote.repo_type, rev, variant, cache_dir)
+            meta_cache[variant] = hub.read_metadata(repo_id, remote.repo_type, rev, variant, meta_dir)
         return meta_cache[variant]
 
     _finish(res, Path("."), names, req, machine, read_meta)

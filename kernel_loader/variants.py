@@ -15,7 +15,7 @@ from kernel_loader.machine import Machine
 from kernel_loader.resolution import VariantDecision
 
 NOARCH_BACKENDS = ("universal", "cuda", "rocm", "xpu", "cpu", "metal", "npu")
-_BACKEND_RE = re.compile(r"^(?:(?P<cpu>cpu)|(?P<metal>metal)|cu(?P<cu>\d+)|rocm(?P<rocm>\d+)|xpu(?P<xpu>\d+))$")
+_BACKEND_RE = re.compile(r"^(?:(?P<cpu>cpu)|(?P<metal>metal)|cu(?P<cu>\d{1,6})|rocm(?P<rocm>\d{1,6})|xpu(?P<xpu>\d{1,8}))$")
 
 
 class Variant(NamedTuple):
@@ -65,12 +65,12 @@ def parse_variant(name: str) -> Variant:
     unknown = Variant(name, "unknown")
     if parts[0] == "torch" and len(parts) == 2:
         return Variant(name, "noarch", backend=parts[1]) if parts[1] in NOARCH_BACKENDS else unknown
-    match = re.fullmatch(r"torch-stable-abi(\d)(\d+)", "-".join(parts[:3]))
+    match = re.fullmatch(r"torch-stable-abi(\d)(\d{1,4})", "-".join(parts[:3]))
     if match and len(parts) == 6:
         framework = Variant(name, "stable-abi", torch_version=f"{match[1]}.{int(match[2])}")
         rest = parts[3:]
     else:
-        match = re.fullmatch(r"torch(\d)(\d+)", parts[0])
+        match = re.fullmatch(r"torch(\d)(\d{1,4})", parts[0])
         if match is None:
             return unknown
         abi = None

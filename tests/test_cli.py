@@ -126,3 +126,176 @@ def test_download_refuses_to_call_the_shipped_copy_a_download(hub_env, hub_serve
     monkeypatch.setattr(bundled, "_warned", {"kernels-community/shipped-only"})
     code, _, err = run(capsys, "download", "kernels-community/shipped-only")
     assert code == cli.EXIT_NOT_FOUND and "Could not download" in err
+
+
+# -- global flags anywhere, several ids ----------------------------------------------------------
+
+
+def _two_snapshots(hub_server, name):
+    """A repo downloaded at two commits of main: prune removes the first."""
+    repo_id = hub_server.new_repo_id(name, org="kernels-community")
+    first = hub_server.add_repo(repo_id, {f"build/torch-universal/{k}": v for k, v in kernel_files(1, name).items()})
+    return repo_id, first
+
+
+def test_global_flags_before_or_after_each_verb_and_sub_verb(hub_env, hub_server, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    repo_id, first = _two_snapshots(hub_server, "flagsprune")
+    other = tmp_path / "other-cache"
+    assert run(capsys, "--cache-dir", str(other), "download", f"{repo_id}@main")[0] == 0
+    hub_server.commit(repo_id, {f"build/torch-universal/{k}": v for k, v in kernel_files(2, "flagsprune").items()})
+    assert run(capsys, "download", f"{repo_id}@main", "--cache-dir", str(other))[0] == 0
+    assert run(capsys, "download", f"{repo_id}@main")[0] == 0  # the default cache has one snapshot
+    code, out, _ = run(capsys, "cache", "--cache-dir", str(other), "prune", "--json")
+    assert code == 0 and any(first in p for p in json.loads(out)["removed"])
+    assert all(str(other) in p for p in json.loads(out)["removed"])  # never the default cache
+    for argv in (["--json", "cache", "ls"], ["cache", "--json", "ls"], ["cache", "ls", "--json"]):
+        code, out, _ = run(capsys, *argv, "--cache-dir", str(other))
+        assert code == 0 and json.loads(out)["cache"] == str(other), argv
+
+
+def test_explain_and_variants_take_several_ids(hub_env, cli_repo, capsys):
+    repo_id, sha = cli_repo
+    code, out, _ = run(capsys, "explain", repo_id, "kernels-community/flash-attn2", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["repo_id"] for r in rows] == [repo_id, "kernels-community/flash-attn2"]
+    code, out, err = run(capsys, "variants", repo_id, "kernels-community/missing-one")
+    assert code == cli.EXIT_NOT_FOUND and f"{repo_id}@{sha[:12]} (hub):" in out and "missing-one" in err
+
+
+def test_prune_dry_run_lists_exactly_what_prune_removes(hub_env, hub_server, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    repo_id, first = _two_snapshots(hub_server, "dryrun")
+    assert run(capsys, "download", f"{repo_id}@main")[0] == 0
+    hub_server.commit(repo_id, {f"build/torch-universal/{k}": v for k, v in kernel_files(2, "dryrun").items()})
+    assert run(capsys, "download", f"{repo_id}@main")[0] == 0
+    dry = json.loads(run(capsys, "cache", "prune", "--dry-run", "--json")[1])["removed"]
+    real = json.loads(run(capsys, "cache", "prune", "--json")[1])["removed"]
+    assert dry == real and len(real) >= 2  # the snapshot and the blobs only it used
+
+
+# -- cache rm, info, versions -------------------------------------------------------------------
+
+
+def test_cache_rm_a_revision_or_a_whole_repo(hub_env, hub_server, capsys):
+    repo_id = hub_server.new_repo_id("removable", org="kernels-community")
+    sha = hub_server.add_repo(repo_id, two_variant_files(9, "removable"))
+    assert run(capsys, "download", f"{repo_id}@main")[0] == 0
+    code, out, _ = run(capsys, "cache", "rm", f"{repo_id}@main")
+    assert code == 0 and sha in out and "refs/main" in out
+    assert cache.find_snapshot(repo_id, sha, hub_env.cache_dir) is None
+    folder = next(hub_env.cache_dir.glob("models--*removable*"))
+    assert not any((folder / "blobs").iterdir())
+    code, _, err = run(capsys, "cache", "rm", f"{repo_id}@main")
+    assert code == cli.EXIT_NOT_FOUND and "`kernel-loader cache ls`" in err
+    assert run(capsys, "download", f"{repo_id}@main")[0] == 0
+    code, out, _ = run(capsys, "cache", "rm", repo_id, "--json")
+    assert code == 0 and not folder.exists() and json.loads(out)[0]["removed"] == [str(folder)]
+
+
+def test_info_of_a_hub_repo_a_cached_one_and_a_local_folder(hub_env, cli_repo, capsys, tmp_path):
+    repo_id, sha = cli_repo
+    code, out, _ = run(capsys, "info", repo_id, "--json")
+    data = json.loads(out)
+    assert code == 0 and data["revision"] == "v1" and data["sha"] == sha and data["origin"] == "hub"
+    assert (data["name"], data["version"], data["license"]) == ("clitoy", 1, "mit")
+    assert data["builds"] == sorted(["torch-universal", OTHER]) and data["backends"] == ["any", "cuda"]
+    code, out, _ = run(capsys, "info", repo_id)
+    assert code == 0 and "license:    mit" in out and "builds:     torch-universal, " + OTHER in out
+    assert run(capsys, "download", f"{repo_id}@v1")[0] == 0
+    hub_env.set_offline(True)
+    data = json.loads(run(capsys, "info", repo_id, "--json")[1])
+    assert data["origin"] == "cache" and data["builds"] == ["torch-universal"]
+    from test_loader import make_repo
+
+    make_repo(tmp_path / "localk", {"torch-universal": kernel_files(1, "localk", depends=["einops"])})
+    data = json.loads(run(capsys, "info", str(tmp_path / "localk"), "--json")[1])
+    assert data["name"] == "localk" and data["python_depends"] == ["einops"] and data["path"] == str(tmp_path / "localk")
+
+
+def test_versions_lists_vn_branches_and_what_fits_here(hub_env, hub_server, capsys):
+    repo_id = hub_server.new_repo_id("versioned", org="kernels-community")
+    v1 = hub_server.add_repo(repo_id, {f"build/{OTHER}/{k}": v for k, v in kernel_files(1, "versioned").items()})
+    hub_server.create_branch(repo_id, "v1", v1)
+    v2 = hub_server.commit(repo_id, two_variant_files(2, "versioned"))
+    hub_server.create_branch(repo_id, "v2", v2)
+    code, out, _ = run(capsys, "versions", repo_id, "--json")
+    data = json.loads(out)
+    assert code == 0 and [v["branch"] for v in data["versions"]] == ["v1", "v2"]
+    assert data["versions"][0]["usable_here"] == [] and data["versions"][1]["usable_here"] == ["torch-universal"]
+    code, out, _ = run(capsys, "versions", repo_id)
+    assert "v1" in out and "no build for this machine" in out and "usable here: torch-universal" in out
+    assert run(capsys, "versions", f"{repo_id}@v1")[0] == cli.EXIT_USAGE
+
+
+def test_verify_says_why_a_kernels_format_lock_verifies_nothing(hub_env, cli_repo, capsys, tmp_path):
+    repo_id, sha = cli_repo
+    assert run(capsys, "download", f"{repo_id}@{sha}")[0] == 0
+    lock = tmp_path / "kernels.lock"
+    lock.write_text(json.dumps([{"dependency": {"repo-id": repo_id, "version": 1}, "lock": {"commit": sha}}]))
+    code, out, _ = run(capsys, "verify", "--lock", str(lock))
+    assert code == cli.EXIT_INTEGRITY and "unlocked" in out and "no content hash" in out and "`kernel-loader lock`" in out
+
+
+# -- explain tells the whole story and writes nothing --------------------------------------------
+
+
+def _tree(root):
+    return sorted((str(p.relative_to(root)), p.lstat().st_mtime_ns) for p in root.rglob("*"))
+
+
+def test_explain_and_variants_write_nothing_into_the_cache(hub_env, hub_server, capsys):
+    repo_id = hub_server.new_repo_id("readonly", org="kernels-community")
+    hub_server.add_repo(repo_id, two_variant_files(1, "readonly"))
+    before = _tree(hub_env.cache_dir)
+    for verb in ("explain", "variants", "info"):
+        assert run(capsys, verb, repo_id)[0] == 0
+    assert _tree(hub_env.cache_dir) == before == []
+    assert run(capsys, "download", repo_id)[0] == 0
+    before = _tree(hub_env.cache_dir)
+    for offline in (False, True):
+        hub_env.set_offline(offline)
+        for verb in ("explain", "variants", "info", "versions"):
+            assert run(capsys, verb, repo_id)[0] == 0
+    assert _tree(hub_env.cache_dir) == before
+
+
+def test_offline_explain_lists_every_variant_from_the_completion_record(hub_env, cli_repo, capsys):
+    repo_id, sha = cli_repo
+    assert run(capsys, "download", f"{repo_id}@v1")[0] == 0
+    online = json.loads(run(capsys, "explain", repo_id, "--json")[1])  # the Hub's listing, not the cache's
+    assert online["source"] == "hub" and [d["variant"] for d in online["decisions"]] == ["torch-universal", OTHER]
+    hub_env.set_offline(True)
+    data = json.loads(run(capsys, "explain", repo_id, "--json")[1])
+    assert [d["variant"] for d in data["decisions"]] == ["torch-universal"]
+    assert any("listing of this revision is unknown" in n for n in data["notes"])
+    folder = next(hub_env.cache_dir.glob(f"models--{repo_id.replace('/', '--')}"))
+    record = folder / "kernel-loader" / sha / "torch-universal.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"format": 1, "repo_id": repo_id, "sha": sha, "variant": "torch-universal", "files": {},
+                                  "variants": ["torch-universal", OTHER], "refs": {"v1": sha}}))
+    code, out, _ = run(capsys, "explain", repo_id)
+    assert code == 0 and "ok  [0] torch-universal" in out and f"no      {OTHER}: built for torch 2.7" in out
+    assert "from the record written at download (2 variants)" in out
+    record.write_text("{not json")  # a damaged record: the listing is unknown again, no traceback
+    assert "listing of this revision is unknown" in run(capsys, "explain", repo_id)[1]
+
+
+def test_the_fast_verbs_never_import_torch(hub_env, cli_repo, tmp_path):
+    repo_id, sha = cli_repo
+    assert cli.main(["download", f"{repo_id}@v1"]) == 0
+    lock = tmp_path / "kernels.lock"
+    lock.write_text(json.dumps([{"repo_id": repo_id, "sha": sha, "variants": {}}]))
+    verbs = [["--help"], ["cache", "ls"], ["verify", "--lock", str(lock)], ["doctor"], ["explain", repo_id],
+             ["variants", repo_id], ["info", repo_id], ["versions", repo_id]]
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from kernel_loader import cli\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        cli.main(argv)\n"
+        "    assert 'torch' not in sys.modules, argv\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "NumPy" not in proc.stderr

@@ -36,7 +36,10 @@ def parse_local_kernels(value: str) -> dict[str, Path]:
         path = text[match.end() : end].strip()
         if not path:
             raise ValueError(f"LOCAL_KERNELS entry for {match[1]!r} has an empty path (in {value!r})")
-        result[match[1]] = Path(path).expanduser()
+        try:
+            result[match[1]] = Path(path).expanduser()
+        except RuntimeError:  # "~nouser/..." names no home folder
+            raise ValueError(f"LOCAL_KERNELS entry for {match[1]!r}: {path!r} names an unknown user's home folder") from None
     return result
 
 
