@@ -1,0 +1,245 @@
+"""The one shared harness of every benchmark in bench/: timing, paired ratios, result files.
+
+A benchmark script is ``bench/<bench>.py``; it imports this module (``import harness``: the
+script's own folder is on ``sys.path`` when run as ``python bench/<bench>.py``) and nothing else
+from bench/ or tests/. It loads the shipped kernel through the public loader
+(:func:`shipped_kernel`), never by path or through private functions.
+
+API (everything else here is private):
+
+``arguments(doc) -> argparse.ArgumentParser``
+    A parser with the flags every benchmark takes: ``--out DIR`` (default ``bench/results``)
+    and ``--commit SHA`` (default: ``git rev-parse HEAD`` of this checkout, ``+dirty`` when it
+    has uncommitted changes; pass it where the tree was copied without ``.git``).
+``time_us(fn, *, device=None, calls=None, repeat=15) -> float``
+    Median microseconds per call of ``fn()``. On CUDA: ``triton.testing.do_bench`` (median). On
+    the CPU: ``time.perf_counter_ns`` over ``repeat`` samples of ``calls`` calls each (``calls``
+    chosen so that a sample lasts about 2 ms when not given). ``device`` defaults to ``"cuda"``
+    when torch sees a GPU, else ``"cpu"``.
+``paired(contenders, *, rounds=11, calls=10, device=None) -> dict[str, list[float]]``
+    Microseconds per call of each ``name -> fn`` contender, timed in ``rounds`` interleaved
+    rounds (each round times every contender once, starting at a rotating position, so clock
+    drift and heat spread over all of them; CUDA events on the GPU). Returns the samples.
+``ratio(a, b) -> Ratio``
+    ``a / b`` of two paired sample lists: the median of the per-round ratios, a 95 % bootstrap
+    interval of that median (seeded, so reruns on the same samples agree) and the min/max.
+``environment(commit=None) -> dict``
+    date (UTC), command line, git commit, device name and the versions of python, torch,
+    triton, transformers, huggingface_hub and kernels (``None`` for what is not installed).
+``write_results(bench, rows, *, title, columns, out_dir, commit=None, notes=(), extra=None)``
+    Writes ``<out_dir>/<bench>.md`` (title, notes, the table, then date, command, versions,
+    commit) and ``<out_dir>/<bench>.json`` (the same plus ``extra``), overwriting both; returns
+    the Markdown path. ``columns`` maps a row key to its column heading; floats are printed with
+    4 significant digits, ``None`` as a dash.
+``shipped_kernel(repo_id="kernels-community/flash-attn2")``
+    The kernel shipped in ``kernel_repos/``, imported with ``kernel_loader.get_local_kernel``
+    (no network, no cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import platform
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+_VERSIONED = ("torch", "triton", "transformers", "huggingface_hub", "kernels")
+
+
+class Ratio(NamedTuple):
+    """``a / b`` of paired samples: median per-round ratio, its 95 % bootstrap interval, extremes."""
+
+    median: float
+    low: float
+    high: float
+    min: float
+    max: float
+
+    def __str__(self) -> str:
+        return f"{self.median:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def arguments(doc: Optional[str]) -> argparse.ArgumentParser:
+    """The argument parser every benchmark starts from (``--out``, ``--commit``)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR,
+                        help="folder for <bench>.md and <bench>.json (default: bench/results)")
+    parser.add_argument("--commit", default=None,
+                        help="git commit to record (default: this checkout's HEAD)")
+    return parser
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def time_us(fn: Callable[[], object], *, device: Optional[str] = None,
+            calls: Optional[int] = None, repeat: int = 15) -> float:
+    """Median microseconds per call of ``fn()`` (see the module docstring)."""
+    device = device or _default_device()
+    if device.startswith("cuda"):
+        import triton.testing
+
+        return 1000.0 * float(triton.testing.do_bench(fn, warmup=25, rep=100,
+                                                      return_mode="median"))
+    fn()  # warm-up: first-call costs (imports, memo fills) are not what is measured here
+    if calls is None:
+        t0 = time.perf_counter_ns()
+        fn()
+        once = max(time.perf_counter_ns() - t0, 1)
+        calls = max(1, min(100_000, 2_000_000 // once))
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0 / calls)
+    return statistics.median(samples)
+
+
+def paired(contenders: Mapping[str, Callable[[], object]], *, rounds: int = 11, calls: int = 10,
+           device: Optional[str] = None) -> dict[str, list[float]]:
+    """Interleaved per-round samples (µs per call) of each contender (see the module docstring)."""
+    device = device or _default_device()
+    names = list(contenders)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for fn in contenders.values():
+        fn()  # warm-up outside the timed rounds
+    if device.startswith("cuda"):
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = contenders[name]
+            if device.startswith("cuda"):
+                start.record()
+                for _ in range(calls):
+                    fn()
+                end.record()
+                end.synchronize()
+                samples[name].append(start.elapsed_time(end) * 1000.0 / calls)
+            else:
+                t0 = time.perf_counter_ns()
+                for _ in range(calls):
+                    fn()
+                samples[name].append((time.perf_counter_ns() - t0) / 1000.0 / calls)
+    return samples
+
+
+def ratio(a: Sequence[float], b: Sequence[float], *, resamples: int = 2000) -> Ratio:
+    """``a / b`` of paired samples (round i of ``a`` against round i of ``b``)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired samples must have the same non-zero length, got {len(a)} and {len(b)}")
+    per_round = [x / y for x, y in zip(a, b)]
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(per_round, k=len(per_round)))
+                     for _ in range(resamples))
+    return Ratio(statistics.median(per_round), medians[int(0.025 * resamples)],
+                 medians[int(0.975 * resamples) - 1], min(per_round), max(per_round))
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], check=True,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], check=True, capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None  # a copied tree without .git: pass --commit
+    return sha + ("+dirty" if dirty else "")
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def environment(commit: Optional[str] = None) -> dict[str, Any]:
+    """Date, command, commit, device and versions of the run (see the module docstring)."""
+    env = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join([Path(sys.executable).name] + sys.argv),
+        "commit": commit or _git_commit(),
+        "device": _device_name(),
+        "python": platform.python_version(),
+    }
+    for dist in _VERSIONED:
+        env[dist] = _version(dist)
+    return env
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+def table(rows: Iterable[Mapping[str, Any]], columns: Mapping[str, str]) -> str:
+    """A Markdown table of ``rows`` with one column per ``columns`` key (heading = value)."""
+    lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(key)) for key in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_results(bench: str, rows: Sequence[Mapping[str, Any]], *, title: str,
+                  columns: Mapping[str, str], out_dir: Path, commit: Optional[str] = None,
+                  notes: Sequence[str] = (), extra: Optional[Mapping[str, Any]] = None) -> Path:
+    """Write (overwrite) ``<out_dir>/<bench>.md`` and ``.json``; return the Markdown path."""
+    env = environment(commit)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    versions = ", ".join(f"{k} {env[k]}" for k in ("python",) + _VERSIONED if env.get(k))
+    md = [f"# {title}", ""]
+    md += [*notes, ""] if notes else []
+    md += [table(rows, columns), "",
+           f"Measured {env['date']} on {env['device']}.  ",
+           f"Command: `{env['command']}`  ",
+           f"Commit: `{env['commit'] or 'unknown'}`; {versions}.", ""]
+    path = out_dir / f"{bench}.md"
+    path.write_text("\n".join(md))
+    data = {"bench": bench, "title": title, "environment": env, "notes": list(notes),
+            "columns": dict(columns), "rows": list(rows), **(extra or {})}
+    (out_dir / f"{bench}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return path
+
+
+def shipped_kernel(repo_id: str = "kernels-community/flash-attn2") -> ModuleType:
+    """The copy of ``repo_id`` shipped in ``kernel_repos/``, through the public loader."""
+    import kernel_loader
+
+    return kernel_loader.get_local_kernel(REPO_ROOT / "kernel_repos" / repo_id)
