@@ -1,7 +1,7 @@
 """Launch configurations per GPU family, so the first call compiles once and never autotunes.
 
 A config is ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``. Tables are keyed by the padded head
-dimension (32, 64, 128, 256). Families: sm90 (H100/H200), sm80 (A100; also used for sm86/sm89
+dimension (32, 64, 128, 256; 16 uses the row of 32). Families: sm90 (H100/H200), sm80 (A100; also used for sm86/sm89
 with fewer stages since their shared memory is smaller), and the interpreter (CPU test suite:
 small tiles so short test sequences still cross several blocks).
 
@@ -15,6 +15,11 @@ import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 Config = Tuple[int, int, int, int]
+
+# The padded head dims (powers of two, 16 = the narrowest `tl.dot` operand) the kernels run at;
+# the tables below have rows from 32 up.
+PADDED_HEAD_DIMS = (16, 32, 64, 128, 256)
+MIN_TABLE_DIM = 32
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward kernel.
 _FWD_SM90: Dict[int, Config] = {  # H100/H200; measured on an H200 (bench/NOTES-attention.md)
@@ -95,7 +100,9 @@ def pick(kind: str, capability: Optional[Tuple[int, int]], block_d: int) -> tupl
             return _INTERPRETER
         mode = "keys" if block_d < 128 else "queries" if block_d == 128 else "keys-2pass"
         return (_INTERPRETER + (mode,), _INTERPRETER)
-    return _table(kind, capability)[block_d]
+    # Tables start at 32: a 16-wide head (head_dim <= 16) runs in the tiles of 32, which hold
+    # less data per row than the 32 they were sized for.
+    return _table(kind, capability)[max(block_d, MIN_TABLE_DIM)]
 
 
 def pick_fwd(capability: Optional[Tuple[int, int]], block_d: int, masked_right: bool, group: int,
