@@ -409,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", parents=[common], help="torch / backend / GPU / triton / cache / endpoint summary")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_doctor)
+
+    from kernel_loader import warmup  # the verb lives with its code (kernel_loader/warmup.py)
+
+    warmup.add_cli(sub, common)
     return parser
 
 

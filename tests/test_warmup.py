@@ -1,0 +1,63 @@
+"""`kernel-loader warmup`: the shapes it plans, its argument errors, and what it says without a GPU.
+
+Compiling itself needs a GPU (bench/compile_report.py measures it there: first call with and
+without a prepared folder)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kernel_loader import warmup
+from kernel_loader.cli import main
+
+
+def test_plan_crosses_every_setting_and_adds_paged_and_contiguous_decode():
+    shapes = warmup.plan([64, 128], ["bfloat16"], [1024, 4096], [(32, 8)], causal=(False, True),
+                         decode_contexts=[4096], decode_batch=8)
+    prefill = [s for s in shapes if not s.decode]
+    decode = [s for s in shapes if s.decode]
+    assert len(prefill) == 2 * 2 * 2 and all(s.backward for s in prefill)
+    assert {(s.head_dim, s.seqlen, s.causal) for s in prefill} == {
+        (d, n, c) for d in (64, 128) for n in (1024, 4096) for c in (False, True)}
+    assert sorted((s.head_dim, s.paged) for s in decode) == [(64, False), (64, True), (128, False), (128, True)]
+    assert all(s.batch == 8 and not s.backward for s in decode)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(dtypes=["float32"]), "float32"),
+    (dict(head_dims=[320]), "head dim 320"),
+    (dict(heads=[(32, 6)]), "multiple of key/value heads 6"),
+])
+def test_plan_refuses_what_the_kernels_do_not_run(kwargs, words):
+    args = dict(head_dims=[128], dtypes=["bfloat16"], seqlens=[4096], heads=[(32, 8)])
+    args.update(kwargs)
+    with pytest.raises(warmup.WarmupError, match=words):
+        warmup.plan(**args)
+
+
+def test_heads_are_written_hq_over_hk():
+    assert warmup.parse_heads("32/8") == (32, 8)
+    assert warmup.parse_heads("16") == (16, 16)
+    with pytest.raises(warmup.WarmupError, match="HQ/HK"):
+        warmup.parse_heads("many")
+
+
+def test_the_verb_without_a_gpu_says_where_to_run_it(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the verb would compile")
+    code = main(["warmup", "--into", str(tmp_path / "triton-cache"), "--head-dims", "64", "--seqlens", "256"])
+    assert code != 0
+    assert "sees no CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_documented_command_parses(tmp_path):
+    """The docs' warmup line is a valid invocation (bad flags would exit 2 before any GPU check)."""
+    out = subprocess.run([sys.executable, "-m", "kernel_loader.cli", "warmup", "--into", str(tmp_path),
+                          "--head-dims", "64,128", "--dtypes", "bfloat16", "--seqlens", "4096",
+                          "--heads", "32/8", "--causal", "both", "--decode-contexts", "4096,32768",
+                          "--workers", "8", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--decode-contexts" in out.stdout
