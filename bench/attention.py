@@ -85,6 +85,22 @@ def main() -> None:
     if args.baseline:
         kernels["baseline"] = kernel_loader.get_local_kernel(args.baseline)
     rows = []
+
+    def write():
+        columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal",
+                       ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd", sdpa_flash_fwd="FA2 fwd", flex_fwd="Flex fwd",
+                       ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b", sdpa_flash_fwdbwd="FA2 f+b",
+                       flex_fwdbwd="Flex f+b", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b")
+        if args.baseline:
+            columns.update(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
+                           vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
+        path = harness.write_results(
+            "attention", rows, title="Attention forward and forward+backward, TFLOP/s (bf16, 16k tokens per batch)",
+            columns=columns, out_dir=args.out, commit=args.commit,
+            notes=["Medians of triton.testing.do_bench; FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
+                   "forward+backward. SDPA and Flex get [B, H, S, D] views, the kernel [B, S, H, D]."])
+        return path
+
     for d, hq, hk, seq in ROWS:
         for causal in (False, True):
             flop = 4 * (TOKENS // seq) * hq * seq * seq * d / (2 if causal else 1)
@@ -101,19 +117,8 @@ def main() -> None:
                         row[f"{key}_{part}"] = row[f"ours_{part}"] / row[f"{other}_{part}"]
             rows.append(row)
             print(row, flush=True)
+            path = write()  # after every row: a run stopped by a time limit keeps its rows
             torch.cuda.empty_cache()
-    columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal",
-                   ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd", sdpa_flash_fwd="FA2 fwd", flex_fwd="Flex fwd",
-                   ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b", sdpa_flash_fwdbwd="FA2 f+b",
-                   flex_fwdbwd="Flex f+b", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b")
-    if args.baseline:
-        columns.update(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
-                       vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
-    path = harness.write_results(
-        "attention", rows, title="Attention forward and forward+backward, TFLOP/s (bf16, 16k tokens per batch)",
-        columns=columns, out_dir=args.out, commit=args.commit,
-        notes=["Medians of triton.testing.do_bench; FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
-               "forward+backward. SDPA and Flex get [B, H, S, D] views, the kernel [B, S, H, D]."])
     print(path.read_text())
 
 

@@ -27,6 +27,7 @@ CASES = [
     ("d59-mqa", 2, 129, 257, 6, 1, 59, {}),
     ("varlen-causal-d128", 3, 300, 300, 4, 2, 128, dict(causal=True, varlen=True)),
 ]
+QUICK = {"causal-gqa-d64", "window-softcap-d96", "d16-causal", "varlen-causal-d128", "paged-gqa-d128"}
 DECODE = [("paged-gqa-d128", 8, 1000, 32, 8, 128, 256), ("dense-gqa-d128", 8, 1000, 32, 8, 128, None),
           ("paged-d64-3q", 4, 700, 8, 8, 64, 256)]
 
@@ -138,13 +139,15 @@ def check_decode(kernels: dict, case) -> dict:
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--baseline", help="a kernel repo folder to compare against (imported under its own name)")
+    parser.add_argument("--quick", action="store_true", help="the cases marked QUICK only (each case compiles)")
     args = parser.parse_args()
     import kernel_loader
 
     kernels = {"ours": harness.shipped_kernel()}
     if args.baseline:
         kernels["baseline"] = kernel_loader.get_local_kernel(args.baseline)
-    rows = [check_dense(kernels, c) for c in CASES] + [check_decode(kernels, c) for c in DECODE]
+    pick = (lambda cases: [c for c in cases if c[0] in QUICK]) if args.quick else (lambda cases: cases)
+    rows = [check_dense(kernels, c) for c in pick(CASES)] + [check_decode(kernels, c) for c in pick(DECODE)]
     columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2")
     if args.baseline:
         columns.update(max_abs_diff_vs_baseline="max |ours - baseline|", identical_to_baseline="bitwise equal")
