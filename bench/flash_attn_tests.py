@@ -58,21 +58,23 @@ FAMILIES: Dict[str, Dict[str, list]] = {
 }
 
 
-def pairwise(factors: Dict[str, list], seed: int = 0, tries: int = 40) -> List[Dict[str, Any]]:
-    """A small list of cases in which every pair of (factor, value) settings occurs at least once."""
+def pairwise(factors: Dict[str, list], seed: int = 0, tries: int = 40,
+             valid=lambda case: True) -> List[Dict[str, Any]]:
+    """A small list of ``valid`` cases in which every pair of (factor, value) settings that some
+    valid case holds occurs at least once."""
     rng = random.Random(seed)
     names = list(factors)
     if len(names) == 1:
         return [{names[0]: v} for v in factors[names[0]]]
-    todo = {((a, i), (b, j)) for a, b in itertools.combinations(names, 2)
-            for i in range(len(factors[a])) for j in range(len(factors[b]))}
+    pool = [dict(zip(names, idx)) for idx in itertools.product(*(range(len(factors[n])) for n in names))]
+    pool = [p for p in pool if valid({n: factors[n][k] for n, k in p.items()})]
+    todo = {((a, p[a]), (b, p[b])) for p in pool for a, b in itertools.combinations(names, 2)}
     cases = []
     while todo:
         (a, i), (b, j) = min(todo)  # start from an uncovered pair so every round makes progress
         best, best_gain = None, -1
-        for _ in range(tries):
-            pick = {n: rng.randrange(len(factors[n])) for n in names}
-            pick[a], pick[b] = i, j
+        candidates = [p for p in pool if p[a] == i and p[b] == j]
+        for pick in rng.sample(candidates, k=min(tries, len(candidates))):
             gain = sum(((x, pick[x]), (y, pick[y])) in todo for x, y in itertools.combinations(names, 2))
             if gain > best_gain:
                 best, best_gain = pick, gain
@@ -175,6 +177,14 @@ def _rotary(x, cos, sin, positions, interleaved: bool):
     return torch.cat((y.to(x.dtype), x[..., rot:]), dim=-1)
 
 
+def runs_upstream(family: str, case: dict) -> bool:
+    """Whether flash-attention runs this combination (its test skips the others)."""
+    if family != "test_flash_attn_kvcache":
+        return True
+    return not ((not case["new_kv"] and case["rotary_fraction"] > 0)
+                or (case["has_leftpad"] and case["paged_kv_block_size"] is not None))
+
+
 def run_kvcache(fa, case: dict) -> dict:
     import torch
     from flash_ref import reference
@@ -244,16 +254,32 @@ def run_kvcache(fa, case: dict) -> dict:
 
 
 def run_bwd_overflow(fa, case: dict) -> dict:
+    """Rows past a length that is not a multiple of the tile must not turn dQ into NaN: q scaled
+    by 5, k/v by 3, fp16, gradients within 5x the low-precision reference's error + 1e-3."""
     import torch
+    from flash_ref import reference
 
     d, s = case["d"], case["seqlen"]
-    q = (torch.randn(2, s, 4, d, device="cuda", dtype=torch.float16) * 5).requires_grad_()
-    k = (torch.randn(2, s, 4, d, device="cuda", dtype=torch.float16) * 5).requires_grad_()
-    v = torch.randn(2, s, 4, d, device="cuda", dtype=torch.float16).requires_grad_()
+    g = torch.Generator(device="cuda").manual_seed(d * 1000 + s)
+    q = (torch.randn(2, s, 5, d, device="cuda", dtype=torch.float16, generator=g) * 5).requires_grad_()
+    k, v = ((torch.randn(2, s, 5, d, device="cuda", dtype=torch.float16, generator=g) * 3).requires_grad_()
+            for _ in range(2))
     out = fa.flash_attn_func(q, k, v, causal=case["causal"])
-    (out * 1e4).sum().backward()  # flash-attention scales the gradient to provoke fp16 overflow
-    finite = all(bool(torch.isfinite(t).all()) for t in (out, q.grad, k.grad, v.grad))
-    return dict(passed=finite)
+    dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=g)
+    out.backward(dout)
+    refs = {}
+    for name, dt in (("ref", torch.float64), ("low", torch.float16)):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o, _ = reference(*leaves, causal=case["causal"], dtype=dt)
+        o.backward(dout.to(o.dtype))
+        refs[name] = (o, *[t.grad for t in leaves])
+    ok, errors = True, {}
+    for i, (what, ours) in enumerate(zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad))):
+        err = (ours.double() - refs["ref"][i].double()).abs().max().item()
+        base = (refs["low"][i].double() - refs["ref"][i].double()).abs().max().item()
+        ok &= err <= (2 * base if i == 0 else 5 * base + 1e-3)
+        errors[what] = dict(err=err, low_precision_err=base)
+    return dict(passed=bool(ok), errors=errors)
 
 
 def run_bounds(fa, case: dict) -> dict:
@@ -306,7 +332,7 @@ def all_cases() -> List[tuple]:
     for family, factors in FAMILIES.items():
         paired = {n: v for n, v in factors.items() if n not in CYCLED}
         cycled = {n: v for n, v in factors.items() if n in CYCLED}
-        base = pairwise(paired) if paired else [{}]
+        base = pairwise(paired, valid=lambda c, f=family: runs_upstream(f, c)) if paired else [{}]
         count = max([len(base)] + [len(v) for v in cycled.values()])
         for i in range(count):
             case = dict(base[i % len(base)])
