@@ -27,8 +27,8 @@ _LOG2E = 1.4426950408889634
 
 
 # Every runtime scalar is left unspecialised: the launch cache then keys them on their width
-# alone (bench/results/host-overhead-2026-11-30*: the per-integer key was several us of the
-# host time a decode step pays per layer). What specialisation bought is restored explicitly:
+# alone (a key per integer's divisibility was several us of the host time a decode step pays per
+# layer (bench/NOTES.md, Kernel tuning)). What specialisation bought is restored explicitly:
 # head_dim is contiguous (no stride argument), and ALIGNED says every row stride is a multiple of
 # 16 elements, and so is head_dim (all passed divided by 16), which the vectorised loads need.
 _SPLIT_RUNTIME_SCALARS = (
@@ -279,8 +279,7 @@ def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, bloc
     if on_gpu and capacity <= SHORT_CONTEXT and 3 * programs >= sms:
         # Short contexts over a third of the SMs or more: one split. More would save a few us of
         # GPU time but cost a second launch and the partial buffers on the host, which paces eager
-        # decoding. H200, batch 8 x 2304 keys x 8 kv heads, d=64: 23 vs 17 us of GPU time, 34 vs
-        # 55 us per call (bench/results/host-overhead-2026-11-29-call3.json).
+        # decoding (bench/NOTES.md, Kernel tuning).
         return 1
     by_fill = math.ceil(target / max(programs, 1))
     by_length = max(1, capacity // (2 * block_n))
@@ -294,9 +293,8 @@ def _device_setup(head_dim: int, device: torch.device) -> tuple:
     """(BLOCK_N, num_warps, num_stages, BLOCK_D, SM count, on a GPU) for head_dim on device.
 
     Computed once per (head_dim, device): device queries on every decode step are host time.
-    Configs measured on an H200 (bench/results/decode-2026-11-29*.json, d=128, 32k context): 64
-    keys x 4 stages read 4.4 TB/s contiguous and paged; 3 stages or 128 keys were as fast on one
-    layout but fell to 3.6-3.8 TB/s on the other. Deep pipelines need the 164-228 KB of shared
+    The configs are the ones fast on both cache layouts, contiguous and paged (bench/NOTES.md, Kernel tuning).
+    Deep pipelines need the 164-228 KB of shared
     memory of sm80/sm90; other GPUs (about 100 KB) get 2 stages. Under the interpreter: small
     tiles and a pretend GPU of 4 SMs, so the CPU tests exercise several splits.
     """

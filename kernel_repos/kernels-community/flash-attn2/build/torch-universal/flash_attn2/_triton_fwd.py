@@ -62,14 +62,11 @@ MASK_FROM: tl.constexpr = tl.constexpr(2)
 # Rows bounded on the right (causal, right windows) walk the bulk and the diagonal blocks in one
 # loop (MASK_FROM) when the keys are at most this long, and in two loops above it. One loop
 # saves the pipeline's drain and refill at the diagonal, once per program; its branch costs a
-# little on every step. On an H200 (bench/prefill_mask.py, bench/results/prefill-mask-2026-11-30.md)
-# one loop was 2-9 % faster from 1k to 4k keys, even at 8k, and 5 % slower at 16k.
+# little on every step, which outweighs the saving on long rows (bench/NOTES.md, Kernel tuning).
 MERGE_DIAG_MAX_KEYS = 8192
 # K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
-# halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
-# 64, 16 MB was 0.6-3 % faster than one chunk of every head at 8x2048 and 16x1024 in four runs,
-# and within 1 % of it at 8k-16k tokens (bench/results/prefill-order-2026-11-30.md).
-# Benchmarks may change it.
+# halves; FlashAttention 3's scheduler sizes its head groups with 32 MB; half of that kept more
+# of a chunk's K/V resident here (bench/NOTES.md, Kernel tuning). Benchmarks may change it.
 L2_BUDGET_BYTES = 16 << 20
 # CUDA's limit on grid.y and grid.z, where HEAVY_FIRST puts the row blocks and the chunks.
 _MAX_GRID_YZ = 65535
@@ -294,12 +291,9 @@ def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: 
                heads_per_chunk: int) -> int:
     """The launch order (an ``ORDER_*`` value) for a call.
 
-    Measured on an H200 (bench/prefill_order.py, bench/results/prefill-order-2026-11-30.md):
-    with rows bounded on the right only (causal, or a right window) HEAVY_FIRST beat PER_HEAD by
-    3-7 % at head_dim 64 (8x2048 to 1x16384, GQA 32/8) but lost 2-7 % at head_dim 128 on three
-    of four shapes, chunked or not; with a left window too, blocks cost about the same and
-    PER_HEAD was as fast as IN_ORDER and 1.5-3 % ahead of HEAVY_FIRST. So HEAVY_FIRST is taken
-    for padded head dims up to 64 only. It also needs the row blocks and the chunks to fit
+    HEAVY_FIRST only for rows bounded on the right alone (causal, a right window) at padded head
+    dims up to 64, where short row blocks make the last wave ragged; wider heads and rows with a
+    left window too (blocks of about equal cost) keep PER_HEAD (bench/NOTES.md, Kernel tuning). HEAVY_FIRST also needs the row blocks and the chunks to fit
     CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
     """
     if not masked_right:
