@@ -67,7 +67,9 @@ def _delta_kernel(
 
 @triton.jit
 def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, head_dim, win, sc, rng,
-                    OPT: tl.constexpr, MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                    MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
                     KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
     """Add query blocks [start, end) of one query head to ``grads = (dk, dv)`` of one key block.
 
@@ -77,13 +79,6 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
     q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm = rows
     WANT_DK: tl.constexpr = WANT[0]
     WANT_DV: tl.constexpr = WANT[1]
-    # (indexing keeps each flag a compile-time constant; unpacking a tuple would not)
-    HAS_LEFT: tl.constexpr = OPT[0]
-    HAS_RIGHT: tl.constexpr = OPT[1]
-    HAS_SOFTCAP: tl.constexpr = OPT[2]
-    HAS_ALIBI: tl.constexpr = OPT[3]
-    HAS_DROPOUT: tl.constexpr = OPT[4]
-    EVEN_D: tl.constexpr = OPT[5]
     diag = win[1]
     offs_mb = tl.arange(0, BLOCK_M)
     for m0 in range(start, end, BLOCK_M):
@@ -157,8 +152,9 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
 @triton.jit
 def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start, offs_n, offs_d,
                     ranges, seqlen_q, head_dim, win, sc3, rng3,
-                    OPT: tl.constexpr, BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
-                    WANT: tl.constexpr):
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
     """Accumulate ``grads = (dk, dv)`` of one key block over the query heads of its GQA group.
 
     ``ins = (Q, DO, Lse, Delta, Alibi)``; ``strides`` their (batch, token, head) strides and the
@@ -170,7 +166,6 @@ def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_star
     lo, hi, flo, fhi = ranges
     qk_scale, softcap_scale, softcap = sc3
     seed, rng_sq, rng_sk, dropout_p = rng3
-    HAS_ALIBI: tl.constexpr = OPT[3]  # indexed: unpacking would lose its constness
     for g in range(0, group):
         h = hk * group + g
         slope2 = 0.0
@@ -185,11 +180,14 @@ def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_star
                 stride_qm, stride_dom, stride_lm)
         # masked blocks before the bulk (right window / causal edge), the bulk, masked after
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, lo, flo, seqlen_q, head_dim, win,
-                                sc, rng, OPT, True, BLOCK_M, KEYS_AS_ROWS, WANT)
+                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, flo, fhi, seqlen_q, head_dim, win,
-                                sc, rng, OPT, False, BLOCK_M, KEYS_AS_ROWS, WANT)
+                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                False, BLOCK_M, KEYS_AS_ROWS, WANT)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, fhi, hi, seqlen_q, head_dim, win,
-                                sc, rng, OPT, True, BLOCK_M, KEYS_AS_ROWS, WANT)
+                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
     return grads
 
 
@@ -240,7 +238,6 @@ def _bwd_dkdv_kernel(
 
     ranges = _query_range(n0, seqlen_q, seqlen_k, diag, window_left, window_right,
                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    OPT: tl.constexpr = (HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D)
     ins = (Q, DO, Lse, Delta, Alibi)
     strides = (stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
                stride_lb, stride_lh, stride_lm, stride_ab, stride_ah)
@@ -252,34 +249,32 @@ def _bwd_dkdv_kernel(
         # for one extra q.k product per step.
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
-                                OPT, BLOCK_M, KEYS_AS_ROWS, (False, True))
+                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                BLOCK_M, KEYS_AS_ROWS, (False, True))
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
-                                OPT, BLOCK_M, KEYS_AS_ROWS, (True, False))
+                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                BLOCK_M, KEYS_AS_ROWS, (True, False))
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     else:
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
-                                OPT, BLOCK_M, KEYS_AS_ROWS, (True, True))
+                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                BLOCK_M, KEYS_AS_ROWS, (True, True))
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
 def _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, start, end, head_dim, win, sc, rng,
-                  OPT: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
+                  HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                  MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
     """Add key blocks [start, end) to ``dq``; ``rows = (q, do, lse2, delta)`` of the row block,
     ``kv = (k_base, v_base, stride_kn, stride_vn)``."""
     q, do, lse2, delta = rows
     k_base, v_base, stride_kn, stride_vn = kv
-    # (indexing keeps each flag a compile-time constant; unpacking a tuple would not)
-    HAS_LEFT: tl.constexpr = OPT[0]
-    HAS_RIGHT: tl.constexpr = OPT[1]
-    HAS_SOFTCAP: tl.constexpr = OPT[2]
-    HAS_ALIBI: tl.constexpr = OPT[3]
-    HAS_DROPOUT: tl.constexpr = OPT[4]
-    EVEN_D: tl.constexpr = OPT[5]
     seqlen_k = win[0]
     offs_nb = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
@@ -355,7 +350,6 @@ def _bwd_dq_kernel(
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
-    OPT: tl.constexpr = (HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D)
     rows = (q, do, lse2, delta)
     kv = (K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn,
           V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn,
@@ -367,9 +361,12 @@ def _bwd_dq_kernel(
     lo, hi, flo, fhi = _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end
-    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, lo, flo, head_dim, win, sc, rng, OPT, True, BLOCK_N)
-    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, flo, fhi, head_dim, win, sc, rng, OPT, False, BLOCK_N)
-    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, fhi, hi, head_dim, win, sc, rng, OPT, True, BLOCK_N)
+    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, lo, flo, head_dim, win, sc, rng,
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, BLOCK_N)
+    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, flo, fhi, head_dim, win, sc, rng,
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, False, BLOCK_N)
+    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, fhi, hi, head_dim, win, sc, rng,
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, BLOCK_N)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + qrow[:, None] * stride_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=ld_mask)

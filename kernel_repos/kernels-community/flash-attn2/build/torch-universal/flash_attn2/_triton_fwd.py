@@ -87,7 +87,9 @@ def _masked(x, n0, mask_from, offs_m, offs_n, win, HAS_LEFT: tl.constexpr, HAS_R
 
 @triton.jit
 def _fwd_inner(state, q, kv, offs_m, offs_d, blocks, head_dim, win, sc, rng,
-               OPT: tl.constexpr, MASKED: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr):
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+               MASKED: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr):
     """Online softmax over key blocks ``blocks = (start, end, mask_from)``; ``state = (acc, l_i,
     m_i)``, ``kv = (k_base, v_base, stride_kn, stride_vn)``, the other tuples as in _triton_tile.
 
@@ -98,13 +100,6 @@ def _fwd_inner(state, q, kv, offs_m, offs_d, blocks, head_dim, win, sc, rng,
     k_base, v_base, stride_kn, stride_vn = kv
     start, end, mask_from = blocks
     seqlen_k = win[0]
-    # (indexing keeps each flag a compile-time constant; unpacking a tuple would not)
-    HAS_LEFT: tl.constexpr = OPT[0]
-    HAS_RIGHT: tl.constexpr = OPT[1]
-    HAS_SOFTCAP: tl.constexpr = OPT[2]
-    HAS_ALIBI: tl.constexpr = OPT[3]
-    HAS_DROPOUT: tl.constexpr = OPT[4]
-    EVEN_D: tl.constexpr = OPT[5]
     # Key rows past seqlen_k exist only in masked blocks of a ragged (not EVEN_N) length.
     ROW_MASK: tl.constexpr = MASKED != MASK_NONE and not EVEN_N
     offs_nb = tl.arange(0, BLOCK_N)
@@ -194,7 +189,6 @@ def _fwd_kernel(
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
-    OPT: tl.constexpr = (HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D)
     win = (seqlen_k, diag, window_left, window_right)
     sc = (qk_scale, softcap_scale, softcap, slope2)
     rng = (seed, (b64 * n_heads_q + h) * rng_sq * rng_sk, rng_sk, dropout_p)
@@ -206,16 +200,20 @@ def _fwd_kernel(
                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # Masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end.
     state = _fwd_inner(state, q, kv, offs_m, offs_d, (lo, flo, flo), head_dim, win, sc, rng,
-                       OPT, MASK_ALL, EVEN_N, BLOCK_N)
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                       MASK_ALL, EVEN_N, BLOCK_N)
     if MERGE_DIAG:
         # blocks from fhi on are masked
         state = _fwd_inner(state, q, kv, offs_m, offs_d, (flo, hi, fhi), head_dim, win, sc, rng,
-                           OPT, MASK_FROM, EVEN_N, BLOCK_N)
+                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                           MASK_FROM, EVEN_N, BLOCK_N)
     else:
         state = _fwd_inner(state, q, kv, offs_m, offs_d, (flo, fhi, fhi), head_dim, win, sc, rng,
-                           OPT, MASK_NONE, EVEN_N, BLOCK_N)
+                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                           MASK_NONE, EVEN_N, BLOCK_N)
         state = _fwd_inner(state, q, kv, offs_m, offs_d, (fhi, hi, fhi), head_dim, win, sc, rng,
-                           OPT, MASK_ALL, EVEN_N, BLOCK_N)
+                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                           MASK_ALL, EVEN_N, BLOCK_N)
     acc, l_i, m_i = state
 
     empty = l_i == 0.0
@@ -293,7 +291,8 @@ def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: 
 
     HEAVY_FIRST only for rows bounded on the right alone (causal, a right window) at padded head
     dims up to 64, where short row blocks make the last wave ragged; wider heads and rows with a
-    left window too (blocks of about equal cost) keep PER_HEAD (bench/NOTES.md, Kernel tuning). HEAVY_FIRST also needs the row blocks and the chunks to fit
+    left window too (blocks of about equal cost) keep PER_HEAD (bench/NOTES.md, Kernel tuning).
+    HEAVY_FIRST also needs the row blocks and the chunks to fit
     CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
     """
     if not masked_right:

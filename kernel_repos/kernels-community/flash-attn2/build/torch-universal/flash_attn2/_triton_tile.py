@@ -15,10 +15,9 @@ the compiled code is the same as with separate arguments):
 * ``sc = (qk_scale, softcap_scale, softcap, slope2)``: the score transform (log2 units;
   ``slope2`` is the row's ALiBi slope times log2(e));
 * ``rng = (seed, rng_base, rng_sk, dropout_p)``: dropout's counter-based draw;
-* ``OPT = (HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D)``: the features a
-  kernel was compiled for, one compile-time tuple for the inner loops. A helper reads a flag as
-  ``HAS_LEFT: tl.constexpr = OPT[0]``: indexing keeps it a compile-time constant (so ``if`` on
-  it is resolved while compiling), unpacking the tuple would not (Triton 3.6 and 3.9).
+Compile-time flags (``HAS_LEFT``, ``EVEN_D``, ...) stay separate ``tl.constexpr`` parameters: a
+tuple of them unpacked inside a jit function loses constness (an ``if`` on it becomes a runtime
+branch; Triton 3.6 and 3.9).
 """
 
 from __future__ import annotations
