@@ -214,6 +214,31 @@ class HubKernel:
         return get_kernel(self.ref)
 
 
+# The CLI settings a project may keep in the pyproject.toml beside its lock file, under
+# [tool.kernel-loader.warmup]; a flag given on the command line wins.
+_PROJECT_KEYS = {"head-dims": "128", "dtypes": "bfloat16", "seqlens": "4096", "heads": "32/8", "batch": 1,
+                 "causal": "yes", "decode-contexts": "", "decode-batch": 32}
+
+
+def project_settings(lock_path: Path) -> dict:
+    """``[tool.kernel-loader.warmup]`` of the pyproject.toml next to ``lock_path`` ({} without one).
+
+    Values are written as on the command line (``head-dims = "64,128"``) or as TOML lists and
+    numbers (``head-dims = [64, 128]``). Raises WarmupError for an unknown key.
+    """
+    from kernel_loader.lockfile import tomllib  # tomllib, or tomli before Python 3.11
+
+    pyproject = Path(lock_path).resolve().parent / "pyproject.toml"
+    if not pyproject.is_file():
+        return {}
+    table = tomllib.loads(pyproject.read_text()).get("tool", {}).get("kernel-loader", {}).get("warmup", {})
+    unknown = sorted(set(table) - set(_PROJECT_KEYS))
+    if unknown:
+        raise WarmupError(f"{pyproject}: [tool.kernel-loader.warmup] has unknown keys {unknown}; known: "
+                          f"{', '.join(_PROJECT_KEYS)}")
+    return {k: ",".join(str(x) for x in v) if isinstance(v, list) else v for k, v in table.items()}
+
+
 def _numbers(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -227,16 +252,17 @@ def add_cli(sub, common) -> None:
                        help="compile FlashAttention kernels into a folder that nodes of this GPU type read (TRITON_CACHE_DIR)")
     p.add_argument("ids", nargs="*", help="kernel ids (default: the shipped kernels-community/flash-attn2)")
     p.add_argument("--into", required=True, help="the folder to fill; jobs set TRITON_CACHE_DIR to it")
-    p.add_argument("--lock", help="warm every kernel pinned in this lock file (loaded as load_kernel does)")
-    p.add_argument("--head-dims", default="128", help="comma-separated head dims (default: 128)")
-    p.add_argument("--dtypes", default="bfloat16", help="comma-separated: bfloat16, float16 (default: bfloat16)")
-    p.add_argument("--seqlens", default="4096", help="comma-separated prefill lengths (default: 4096)")
-    p.add_argument("--heads", default="32/8", help="comma-separated HQ/HK head counts (default: 32/8)")
-    p.add_argument("--batch", type=int, default=1, help="prefill batch (default: 1)")
-    p.add_argument("--causal", choices=("yes", "no", "both"), default="yes", help="masks to warm (default: yes)")
+    p.add_argument("--lock", help="warm every kernel pinned in this lock file (loaded as load_kernel does); "
+                   "shapes not given as flags come from [tool.kernel-loader.warmup] in the pyproject.toml beside it")
+    p.add_argument("--head-dims", help="comma-separated head dims (default: 128)")
+    p.add_argument("--dtypes", help="comma-separated: bfloat16, float16 (default: bfloat16)")
+    p.add_argument("--seqlens", help="comma-separated prefill lengths (default: 4096)")
+    p.add_argument("--heads", help="comma-separated HQ/HK head counts (default: 32/8)")
+    p.add_argument("--batch", type=int, help="prefill batch (default: 1)")
+    p.add_argument("--causal", choices=("yes", "no", "both"), help="masks to warm (default: yes)")
     p.add_argument("--no-backward", action="store_true", help="forward only (inference)")
-    p.add_argument("--decode-contexts", default="", help="comma-separated KV-cache lengths for decode steps")
-    p.add_argument("--decode-batch", type=int, default=32, help="rows per decode step (default: 32)")
+    p.add_argument("--decode-contexts", help="comma-separated KV-cache lengths for decode steps")
+    p.add_argument("--decode-batch", type=int, help="rows per decode step (default: 32)")
     p.add_argument("--workers", type=int, default=1, help="processes compiling in parallel (default: 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_warmup)
@@ -253,11 +279,18 @@ def cmd_warmup(args) -> int:
         loaders += [LockedKernel(e.repo_id, args.lock) for e in lockfile.read_lock(Path(args.lock))]
     if not loaders:
         loaders = [shipped_flash_attn2]
-    causal = {"yes": (True,), "no": (False,), "both": (False, True)}[args.causal]
-    shapes = plan(_numbers(args.head_dims), [d.strip() for d in args.dtypes.split(",") if d.strip()],
-                  _numbers(args.seqlens), [parse_heads(h) for h in args.heads.split(",") if h.strip()],
-                  batch=args.batch, causal=causal, backward=not args.no_backward,
-                  decode_contexts=_numbers(args.decode_contexts), decode_batch=args.decode_batch)
+    settings = dict(_PROJECT_KEYS, **(project_settings(Path(args.lock)) if args.lock else {}))
+    for key in _PROJECT_KEYS:
+        given = getattr(args, key.replace("-", "_"))
+        if given is not None:
+            settings[key] = given
+    if settings["causal"] not in ("yes", "no", "both"):
+        raise WarmupError(f"warmup: causal must be yes, no or both; got {settings['causal']!r}")
+    causal = {"yes": (True,), "no": (False,), "both": (False, True)}[settings["causal"]]
+    shapes = plan(_numbers(str(settings["head-dims"])), [d.strip() for d in str(settings["dtypes"]).split(",") if d.strip()],
+                  _numbers(str(settings["seqlens"])), [parse_heads(h) for h in str(settings["heads"]).split(",") if h.strip()],
+                  batch=int(settings["batch"]), causal=causal, backward=not args.no_backward,
+                  decode_contexts=_numbers(str(settings["decode-contexts"])), decode_batch=int(settings["decode-batch"]))
     show = None if args.json else (lambda s, sec, err: print(
         f"{'FAILED' if err else 'ok':6} d={s['head_dim']} {s['dtype']} "
         f"{'decode ctx' if s['decode'] else 'seq'}={s['seqlen']} heads={s['heads_q']}/{s['heads_k']} "

@@ -69,3 +69,23 @@ def test_the_documented_warmup_commands_run(tmp_path, monkeypatch, capsys):
             assert code == 0
         else:
             assert code != 0 and "sees no CUDA GPU" in capsys.readouterr().err
+
+
+def test_shapes_come_from_the_project_beside_the_lock_and_flags_win(tmp_path, monkeypatch):
+    (tmp_path / "kernels.lock").write_text("[]")
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.kernel-loader.warmup]\nhead-dims = [64, 128]\nseqlens = "2048"\nheads = "16/4"\ncausal = "both"\n')
+    assert warmup.project_settings(tmp_path / "kernels.lock") == {
+        "head-dims": "64,128", "seqlens": "2048", "heads": "16/4", "causal": "both"}
+    planned = []
+    monkeypatch.setattr(warmup, "warmup", lambda load, into, shapes, **kw: planned.extend(shapes) or [])
+    assert main(["warmup", "--into", str(tmp_path / "c"), "--lock", str(tmp_path / "kernels.lock"),
+                 "--seqlens", "1024"]) == 0
+    assert {(s.head_dim, s.seqlen, s.heads_q, s.heads_k, s.causal) for s in planned} == {
+        (d, 1024, 16, 4, c) for d in (64, 128) for c in (False, True)}
+
+
+def test_an_unknown_project_key_is_named(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[tool.kernel-loader.warmup]\nhead_dim = 64\n")
+    with pytest.raises(warmup.WarmupError, match="unknown keys \\['head_dim'\\]"):
+        warmup.project_settings(tmp_path / "kernels.lock")
