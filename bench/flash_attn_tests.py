@@ -349,11 +349,13 @@ def _worker(jobs: list, queue) -> None:
         start = time.perf_counter()
         try:
             result = RUNNERS[family](fa, case)
+            torch.cuda.synchronize()  # inside: an asynchronous CUDA error belongs to this case
         except Exception as e:  # a crash is a failure of that case, recorded with its message
             result = dict(passed=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
-        torch.cuda.synchronize()
         result.update(index=index, family=family, case=case, seconds=round(time.perf_counter() - start, 2))
         queue.put(result)
+        if "CUDA error" in result.get("error", ""):
+            return  # the CUDA context is unusable now; the parent counts this worker's rest as not run
 
 
 def main() -> None:
