@@ -381,6 +381,11 @@ def main() -> None:
             results.append(queue.get(timeout=1.0))
         except queues.Empty:  # stop at the deadline, or when every worker has ended (a CUDA error)
             if (stop is not None and time.monotonic() > stop) or not any(p.is_alive() for p in procs):
+                while len(results) < len(jobs):  # what the last workers sent as they ended
+                    try:
+                        results.append(queue.get(timeout=0.5))
+                    except queues.Empty:
+                        break
                 break
     for p in procs:
         if stop is not None:
