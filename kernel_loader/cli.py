@@ -915,6 +915,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", parents=[flags], help="torch / backend / GPU / triton / cache / endpoint summary")
     p.set_defaults(func=cmd_doctor)
+
+    from kernel_loader import warmup  # the verb lives with its code (kernel_loader/warmup.py)
+
+    warmup.add_cli(sub, common)
     return parser
 
 

@@ -71,13 +71,16 @@ def reference(
     alibi_slopes: Optional[torch.Tensor] = None,
     keep_mask: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
+    dtype: torch.dtype = torch.float64,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """fp64 attention on ``[B, S, H, D]``; returns (out ``[B, Sq, Hq, D]``, lse ``[B, Hq, Sq]``).
+    """Attention on ``[B, S, H, D]`` computed in ``dtype`` (fp64 unless asked otherwise); returns
+    (out ``[B, Sq, Hq, D]``, lse ``[B, Hq, Sq]``).
 
     Differentiable w.r.t. q/k/v. ``keep_mask`` ``[B, Hq, >=Sq, >=Sk]`` replays a dropout mask.
-    Rows that see no key: out 0, lse +inf (flash-attn 2's convention).
+    Rows that see no key: out 0, lse +inf (flash-attn 2's convention). A low-precision ``dtype``
+    gives the baseline error that flash-attention's tests scale their tolerances by.
     """
-    q, k, v = q.double(), k.double(), v.double()
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     batch, sq, hq, dim = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(dim)
@@ -102,14 +105,14 @@ def reference(
                 s = softcap * torch.tanh(s / softcap)
             if alibi_slopes is not None:
                 slope = alibi_slopes[h] if alibi_slopes.dim() == 1 else alibi_slopes[b, h]
-                s = s - float(slope) * (pos - key).abs().double()
+                s = s - float(slope) * (pos - key).abs().to(dtype)
             s = s.masked_fill(~allowed, float("-inf"))
             lse = torch.logsumexp(s, dim=-1)
             has_key = allowed.any(dim=-1)
             lse_safe = torch.where(has_key, lse, torch.zeros_like(lse))
             p = torch.where(allowed, torch.exp(s - lse_safe[:, None]), torch.zeros_like(s))
             if keep_mask is not None:
-                p = p * keep_mask[b, h, :sq, :sk].double() / (1.0 - dropout_p)
+                p = p * keep_mask[b, h, :sq, :sk].to(dtype) / (1.0 - dropout_p)
             out_h.append(p @ v[b, :, kh])
             lse_h.append(torch.where(has_key, lse, torch.full_like(lse, float("inf"))))
         outs.append(torch.stack(out_h, dim=1))

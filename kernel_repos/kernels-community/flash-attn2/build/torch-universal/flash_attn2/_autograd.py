@@ -96,8 +96,7 @@ def _load_decode():
 # Dense inference calls with at most this many query tokens per row take the split-K decode
 # kernel: one program serves every query head of a KV head (GQA reads K/V once, not once per query
 # head) and long contexts are split over the SMs. The general forward would give each query head
-# its own 128-row tile with one real row: measured on the H200 at batch 8 x 2304 keys, 32/8
-# heads, d=64, its GPU time was 48 us a call (bench/results/host-overhead-2026-11-29.md).
+# its own 128-row tile with one real row, several times the GPU time (bench/NOTES.md, Kernel tuning).
 DECODE_MAX_QUERY = 16
 
 

@@ -1,7 +1,7 @@
 """Launch configurations per GPU family, so the first call compiles once and never autotunes.
 
 A config is ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``. Tables are keyed by the padded head
-dimension (32, 64, 128, 256). Families: sm90 (H100/H200), sm80 (A100; also used for sm86/sm89
+dimension (32, 64, 128, 256; 16 uses the row of 32). Families: sm90 (H100/H200), sm80 (A100; also used for sm86/sm89
 with fewer stages since their shared memory is smaller), and the interpreter (CPU test suite:
 small tiles so short test sequences still cross several blocks).
 
@@ -16,23 +16,23 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 Config = Tuple[int, int, int, int]
 
+# The padded head dims (powers of two, 16 = the narrowest `tl.dot` operand) the kernels run at;
+# the tables below have rows from 32 up.
+PADDED_HEAD_DIMS = (16, 32, 64, 128, 256)
+MIN_TABLE_DIM = 32
+
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward kernel.
-_FWD_SM90: Dict[int, Config] = {  # H100/H200; measured on an H200 (bench/NOTES-attention.md)
+_FWD_SM90: Dict[int, Config] = {  # H100/H200; chosen on an H200 (bench/NOTES.md, Kernel tuning)
     32: (128, 64, 8, 4),
-    # d=64: 3 stages at or above 4 on every row of bench/results/host-overhead-2026-11-30-call3.json
-    # (GQA 32/8, 1k-8k tokens, causal and not: 1.00-1.04x)
     64: (128, 64, 8, 3),
     128: (128, 64, 8, 3),
     256: (128, 64, 8, 2),
 }
 # Rows bounded on the right (causal, right windows) on sm90: 64-row tiles on one warpgroup, 3
-# stages, three programs to an SM. Once the diagonal blocks became cheap (one compare and select,
-# one loop with the bulk), these beat 128x64 / 8 warps at d=64 on every row measured: 1.05-1.09x
-# with the same diagonal handling (GQA 32/8, 1k-16k tokens), 1.4x under a 1k sliding window, and
-# ahead with 16 MHA heads too (bench/results/prefill-mask-2026-11-30.md). At d=128 they won with
-# GQA (1.05-1.08x at 2k to 16k) and at 1k tokens (1.18x MHA), but lost 3-5 % with 16 MHA heads at 4k-16k, where each
-# K/V block, read twice as often by 64-row tiles, is not shared by the heads of a group.
-# Unbounded rows keep the tables above: there 64-row tiles lost 5-7 % with MHA at 4k-16k.
+# stages, three programs to an SM, so the short rows near the diagonal leave no SM idle. At
+# d=128 only with GQA or short keys: with many MHA heads each K/V block, read twice as often by
+# 64-row tiles, is not shared by the heads of a group (bench/NOTES.md, Kernel tuning). Unbounded rows keep the
+# tables above.
 _FWD_SM90_RIGHT: Dict[int, Config] = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3)}
 _RIGHT_MHA_MAX_KEYS = 2048  # d=128 MHA: 64-row tiles up to this many keys
 
@@ -95,7 +95,9 @@ def pick(kind: str, capability: Optional[Tuple[int, int]], block_d: int) -> tupl
             return _INTERPRETER
         mode = "keys" if block_d < 128 else "queries" if block_d == 128 else "keys-2pass"
         return (_INTERPRETER + (mode,), _INTERPRETER)
-    return _table(kind, capability)[block_d]
+    # Tables start at 32: a 16-wide head (head_dim <= 16) runs in the tiles of 32, which hold
+    # less data per row than the 32 they were sized for.
+    return _table(kind, capability)[max(block_d, MIN_TABLE_DIM)]
 
 
 def pick_fwd(capability: Optional[Tuple[int, int]], block_d: int, masked_right: bool, group: int,

@@ -20,6 +20,13 @@ from ._autograd import backend_for
 from ._torch_impl import attention_torch
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class CacheBoundsError(ValueError, RuntimeError):
+    """cache_seqlens (plus the new keys) reach past what the cache or its block table addresses.
+
+    A ValueError like every argument error here, and a RuntimeError as flash-attn raises for the
+    same contract (its test for issue #2709 expects one naming ``block_table``)."""
 _MAX_HEAD_DIM = _validate.MAX_HEAD_DIM
 
 
@@ -129,9 +136,13 @@ def _check_ranges(
     cache_rows: int,
     device: torch.device,
 ) -> None:
-    """Lengths and indices the kernel trusts (reading past them reads another row or unmapped
-    memory). Checking a device tensor would cost a sync per decode step, so only an int length
-    and CPU tensors are checked."""
+    """Lengths and indices the kernel trusts. Checking a device tensor would cost a sync per decode
+    step, so only an int length and CPU tensors are checked here; device lengths past the
+    capacity are made safe instead (``_append`` drops the keys past it, the kernel reads no key
+    past it).
+
+    Raises CacheBoundsError (a ValueError and RuntimeError) for lengths past the capacity, naming
+    ``block_table`` for a paged cache; ValueError for indices outside the cache."""
     if lens is None:
         longest, shortest = uniform_len, uniform_len
     elif device.type == "cpu" and lens.numel():
@@ -139,10 +150,14 @@ def _check_ranges(
     else:
         longest, shortest = 0, 0
     if shortest < 0 or longest + seqlen_new > capacity:
-        raise ValueError(
+        if block_table is not None:
+            where = (f"block_table addresses {capacity} keys: {block_table.shape[1]} columns x page "
+                     f"size {capacity // max(block_table.shape[1], 1)}; give block_table more columns")
+        else:
+            where = f"cache of {capacity} slots per row"
+        raise CacheBoundsError(
             f"flash_attn_with_kvcache: cache_seqlens must lie in 0..{capacity - seqlen_new} "
-            f"(cache of {capacity} slots per row, {seqlen_new} new keys); got "
-            f"{shortest}..{longest}"
+            f"({where}, {seqlen_new} new keys); got {shortest}..{longest}"
         )
     if device.type != "cpu":
         return
@@ -236,6 +251,69 @@ def _cache_slots(
     return pages, positions % page_size
 
 
+def _append(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    start: torch.Tensor,
+    capacity: int,
+    block_table: Optional[torch.Tensor],
+    rows: torch.Tensor,
+) -> None:
+    """Write new keys/values at positions ``start[b] + t`` of each row, in place, with no host sync.
+
+    Positions at or past ``capacity`` (possible only with device lengths, unchecked) are dropped:
+    each such write is aimed at the row's last slot and carries the value that slot gets anyway
+    (the new key written there, or what it already holds), so duplicate targets all agree and
+    nothing outside the cache or its block table is touched.
+    """
+    batch, seqlen_new = k.shape[:2]
+    page_size = k_cache.shape[1]
+    t = torch.arange(seqlen_new, device=k.device).view(1, -1)
+    positions = start.view(-1, 1) + t
+    inside = positions < capacity
+    last = capacity - 1
+    slots = positions.clamp(max=last)
+    dim0, dim1 = _cache_slots(slots, block_table, page_size, rows)
+    # the new key that lands on the last slot, if any (t_last in 0..seqlen_new-1)
+    t_last = (last - start).view(-1, 1)
+    lands = (t_last >= 0) & (t_last < seqlen_new)
+    source = torch.where(inside, t, t_last.clamp(0, max(seqlen_new - 1, 0)))
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        values = torch.gather(new, 1, source.view(batch, seqlen_new, 1, 1).expand_as(new))
+        keep_old = (~inside & ~lands).view(batch, seqlen_new, 1, 1)
+        cache[dim0, dim1] = torch.where(keep_old, cache[dim0, dim1], values)
+
+
+def _lengths(
+    cache_seqlens: Optional[Union[int, torch.Tensor]],
+    appending: bool,
+    batch: int,
+    capacity: int,
+    device: torch.device,
+) -> Tuple[Optional[torch.Tensor], int]:
+    """(lens as an int32 device tensor or None, the uniform length when lens is None).
+
+    Raises ValueError for a missing length while appending, or a tensor of the wrong shape/dtype.
+    """
+    if cache_seqlens is None:
+        if appending:
+            raise ValueError(
+                "flash_attn_with_kvcache: appending k/v needs cache_seqlens (where each row's new "
+                "keys go)"
+            )
+        return None, capacity
+    if isinstance(cache_seqlens, int):
+        return None, cache_seqlens
+    if cache_seqlens.shape != (batch,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"flash_attn_with_kvcache: cache_seqlens must be an int or an int32 tensor of shape "
+            f"[{batch}]; got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+        )
+    return cache_seqlens.to(device=device, dtype=torch.int32), 0
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -289,9 +367,14 @@ def flash_attn_with_kvcache(
         no key gets out 0 and LSE +inf.
 
     Raises:
-        ValueError: shapes, dtypes or devices that do not fit together, cache_seqlens outside
-            the cache (an int always, a tensor when on the CPU), rotary tables without new k/v.
-            Also float32 on the GPU kernels (as flash-attn; cast to bf16/fp16).
+        ValueError: shapes, dtypes or devices that do not fit together, rotary tables without
+            new k/v, float32 on the GPU kernels (as flash-attn; cast to bf16/fp16).
+        CacheBoundsError: (a ValueError and a RuntimeError) cache_seqlens (+ the new keys)
+            past the cache's capacity, ``block_table.shape[1] * page_size`` when paged, where
+            that is known without a device sync: an int, or a tensor on the CPU. A device tensor
+            is not read on the host (that would cost a sync per decode step); a row past the
+            capacity then keeps only the new keys that fit and attends to its first
+            ``capacity`` keys, and nothing outside the cache or block table is read or written.
         NotImplementedError: bfloat16 under ``TRITON_INTERPRET=1``.
     """
     if isinstance(window_size, list):
@@ -312,25 +395,7 @@ def flash_attn_with_kvcache(
     if causal:
         right = 0
 
-    if cache_seqlens is None:
-        if k is not None:
-            raise ValueError(
-                "flash_attn_with_kvcache: appending k/v needs cache_seqlens (where each row's new "
-                "keys go)"
-            )
-        lens: Optional[torch.Tensor] = None
-        uniform_len = capacity
-    elif isinstance(cache_seqlens, int):
-        lens = None
-        uniform_len = cache_seqlens
-    else:
-        if cache_seqlens.shape != (batch,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(
-                f"flash_attn_with_kvcache: cache_seqlens must be an int or an int32 tensor of shape "
-                f"[{batch}]; got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
-            )
-        lens = cache_seqlens.to(device=device, dtype=torch.int32)
-        uniform_len = 0
+    lens, uniform_len = _lengths(cache_seqlens, k is not None, batch, capacity, device)
     _check_ranges(lens, uniform_len, seqlen_new, capacity, block_table, cache_batch_idx,
                   k_cache.shape[0], device)
 
@@ -346,10 +411,7 @@ def flash_attn_with_kvcache(
     if k is not None and seqlen_new > 0:
         start = lens.long() if lens is not None else torch.full((batch,), uniform_len,
                                                                 device=device, dtype=torch.long)
-        positions = start.view(-1, 1) + torch.arange(seqlen_new, device=device).view(1, -1)
-        dim0, dim1 = _cache_slots(positions, block_table, page_size, rows)
-        k_cache[dim0, dim1] = k
-        v_cache[dim0, dim1] = v
+        _append(k_cache, v_cache, k, v, start, capacity, block_table, rows)
 
     total_lens = lens + seqlen_new if lens is not None and seqlen_new else lens
     total_uniform = uniform_len + seqlen_new
@@ -398,6 +460,7 @@ def _attention_gathered(
     device = q.device
     total = (total_lens.long() if total_lens is not None
              else torch.full((batch,), total_uniform, device=device, dtype=torch.long))
+    total = total.clamp(max=capacity)  # unchecked device lengths: as the kernel, stop at capacity
     pad = leftpad.long() if leftpad is not None else torch.zeros_like(total)
     valid = (total - pad).clamp(min=0)
     width = int(valid.max()) if batch > 0 else 0

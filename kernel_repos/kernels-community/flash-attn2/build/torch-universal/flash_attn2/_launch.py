@@ -4,7 +4,7 @@ Why: in eager decoding (one query token per layer) and in short training steps t
 per call, not the GPU's, sets the pace. ``kernel[grid](...)`` rebuilds the argument
 specialisation, a string cache key, the launch metadata and the hook chain on every call.
 After the first launch of a specialisation this module keeps the compiled kernel and calls its
-launcher directly (bench/host_overhead.py measures both).
+launcher directly.
 
 Correctness rests on the cache key: it holds everything Triton specialises a compiled kernel on:
 each pointer's dtype and 16-byte alignment, each integer's divisibility by 16, equality to 1 and

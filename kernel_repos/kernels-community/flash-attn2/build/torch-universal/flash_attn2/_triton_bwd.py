@@ -20,15 +20,16 @@ import triton.language as tl
 
 from . import _configs
 from ._launch import Launcher
-from ._triton_fwd import (
-    LOG2E,
+from ._triton_fwd import LOG2E, device_capability, next_pow2_dim
+from ._triton_tile import (
     _allowed,
     _dropout_keep,
     _key_range,
+    _load_tile,
+    _query_range,
     _scores,
+    _seq_bounds,
     _tanh,
-    device_capability,
-    next_pow2_dim,
 )
 
 
@@ -65,55 +66,48 @@ def _delta_kernel(
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                    stride_qm, stride_dom, stride_lm, offs_n, offs_d,
-                    start, end, seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
-                    qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
-                    MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, head_dim, win, sc, rng,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
-                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
+                    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                    MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                    KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
+    """Add query blocks [start, end) of one query head to ``grads = (dk, dv)`` of one key block.
+
+    ``rows = (q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm)`` point at
+    that head's rows; ``WANT = (WANT_DK, WANT_DV)`` (the two-pass mode wants one at a time)."""
+    dk, dv = grads
+    q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm = rows
+    WANT_DK: tl.constexpr = WANT[0]
+    WANT_DV: tl.constexpr = WANT[1]
+    diag = win[1]
     offs_mb = tl.arange(0, BLOCK_M)
     for m0 in range(start, end, BLOCK_M):
         offs_m = m0 + offs_mb
-        q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]
-        do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_d[None, :]
+        q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q,
+                       offs_d, head_dim, MASKED, EVEN_D)
+        do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q,
+                        offs_d, head_dim, MASKED, EVEN_D)
         if MASKED:
             row_ok = offs_m < seqlen_q
-            ld_mask = row_ok[:, None]
-            if not EVEN_D:
-                ld_mask = ld_mask & (offs_d[None, :] < head_dim)
-            q = tl.load(q_ptrs, mask=ld_mask, other=0.0)
-            do = tl.load(do_ptrs, mask=ld_mask, other=0.0)
             lse2 = tl.load(lse_base + offs_m * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
             delta = tl.load(delta_base + offs_m * stride_lm, mask=row_ok, other=0.0)
         else:
-            if EVEN_D:
-                q = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
-            else:
-                q = tl.load(q_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
-                do = tl.load(do_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
             lse2 = tl.load(lse_base + offs_m * stride_lm) * 1.4426950408889634
             delta = tl.load(delta_base + offs_m * stride_lm)
         if KEYS_AS_ROWS:
             # Tiles are [keys, queries]: dK and dV accumulate with no transpose, but k and v
             # must live in registers as the left operand.
             qkT = tl.dot(k, tl.trans(q))
-            sT = _scores(qkT, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-                         HAS_SOFTCAP, HAS_ALIBI, True)
+            sT = _scores(qkT, offs_m, offs_n, diag, sc, HAS_SOFTCAP, HAS_ALIBI, True)
             if MASKED:
-                okT = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                               HAS_LEFT, HAS_RIGHT, True)
-                sT = tl.where(okT, sT, float("-inf"))
+                sT = tl.where(_allowed(offs_m, offs_n, win, HAS_LEFT, HAS_RIGHT, True), sT, float("-inf"))
             pT = tl.exp2(sT - lse2[None, :])
             dpT = tl.zeros_like(pT)
             if WANT_DK:
                 dpT = tl.dot(v, tl.trans(do))
             if HAS_DROPOUT:
-                keepT = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, True)
-                inv_keep = 1.0 / (1.0 - dropout_p)
+                keepT = _dropout_keep(rng, offs_m, offs_n, True)
+                inv_keep = 1.0 / (1.0 - rng[3])
                 pdT = tl.where(keepT, pT * inv_keep, 0.0)
                 dpT = tl.where(keepT, dpT * inv_keep, 0.0)
             else:
@@ -123,26 +117,23 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
             if WANT_DK:
                 dsT = pT * (dpT - delta[None, :])
                 if HAS_SOFTCAP:
-                    t = _tanh(qkT * softcap_scale)
+                    t = _tanh(qkT * sc[1])
                     dsT = dsT * (1.0 - t * t)
                 dk = tl.dot(dsT.to(q.dtype), q, dk)
         else:
             # Tiles are [queries, keys]: k and v stay in shared memory as right operands (fewer
             # registers at large head dims) at the price of transposing p and ds.
             qk = tl.dot(q, tl.trans(k))
-            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-                        HAS_SOFTCAP, HAS_ALIBI)
+            s = _scores(qk, offs_m, offs_n, diag, sc, HAS_SOFTCAP, HAS_ALIBI)
             if MASKED:
-                ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                              HAS_LEFT, HAS_RIGHT)
-                s = tl.where(ok, s, float("-inf"))
+                s = tl.where(_allowed(offs_m, offs_n, win, HAS_LEFT, HAS_RIGHT), s, float("-inf"))
             p = tl.exp2(s - lse2[:, None])
             dp = tl.zeros_like(p)
             if WANT_DK:
                 dp = tl.dot(do, tl.trans(v))
             if HAS_DROPOUT:
-                keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
-                inv_keep = 1.0 / (1.0 - dropout_p)
+                keep = _dropout_keep(rng, offs_m, offs_n)
+                inv_keep = 1.0 / (1.0 - rng[3])
                 pd = tl.where(keep, p * inv_keep, 0.0)
                 dp = tl.where(keep, dp * inv_keep, 0.0)
             else:
@@ -152,54 +143,52 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
             if WANT_DK:
                 ds = p * (dp - delta[:, None])
                 if HAS_SOFTCAP:
-                    t = _tanh(qk * softcap_scale)
+                    t = _tanh(qk * sc[1])
                     ds = ds * (1.0 - t * t)
                 dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q, q_start,
-                    stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
-                    stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
-                    offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
-                    window_left, window_right, qk_scale, softcap_scale, softcap, seed,
-                    rng_sq, rng_sk, dropout_p, EVEN_D: tl.constexpr, HAS_LEFT: tl.constexpr,
-                    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-                    HAS_DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
-                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr):
-    """Accumulate dK/dV of one key block over the query heads of its GQA group."""
-    b = b64
+def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start, offs_n, offs_d,
+                    ranges, seqlen_q, head_dim, win, sc3, rng3,
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
+    """Accumulate ``grads = (dk, dv)`` of one key block over the query heads of its GQA group.
+
+    ``ins = (Q, DO, Lse, Delta, Alibi)``; ``strides`` their (batch, token, head) strides and the
+    ALiBi strides; ``ranges = (lo, hi, flo, fhi)`` from ``_query_range``; ``sc3`` / ``rng3`` the
+    score and dropout tuples without the per-head part (slope, counter base)."""
+    Q, DO, Lse, Delta, Alibi = ins
+    (stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
+     stride_lb, stride_lh, stride_lm, stride_ab, stride_ah) = strides
+    lo, hi, flo, fhi = ranges
+    qk_scale, softcap_scale, softcap = sc3
+    seed, rng_sq, rng_sk, dropout_p = rng3
     for g in range(0, group):
         h = hk * group + g
         slope2 = 0.0
         if HAS_ALIBI:
-            slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
-        rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
-        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
-        do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom
-        lse_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
-        delta_base = Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, lo, flo,
-                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
-                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
-                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, WANT_DK, WANT_DV)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, flo, fhi,
-                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
-                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
-                                 dropout_p, False, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, WANT_DK, WANT_DV)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                 stride_qm, stride_dom, stride_lm, offs_n, offs_d, fhi, hi,
-                                 seqlen_q, seqlen_k, head_dim, diag, window_left, window_right,
-                                 qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk,
-                                 dropout_p, True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, WANT_DK, WANT_DV)
-
-    return dk, dv
+            slope2 = tl.load(Alibi + b64 * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
+        sc = (qk_scale, softcap_scale, softcap, slope2)
+        rng = (seed, (b64 * n_heads_q + h) * rng_sq * rng_sk, rng_sk, dropout_p)
+        rows = (Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm,
+                DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom,
+                Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm,
+                Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm,
+                stride_qm, stride_dom, stride_lm)
+        # masked blocks before the bulk (right window / causal edge), the bulk, masked after
+        grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, lo, flo, seqlen_q, head_dim, win,
+                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
+        grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, flo, fhi, seqlen_q, head_dim, win,
+                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                False, BLOCK_M, KEYS_AS_ROWS, WANT)
+        grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, fhi, hi, seqlen_q, head_dim, win,
+                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
+    return grads
 
 
 @triton.jit
@@ -226,18 +215,8 @@ def _bwd_dkdv_kernel(
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_k
     hk = pid_bh % n_heads_k
-    if IS_VARLEN:
-        q_start = tl.load(CuQ + b)
-        seqlen_q = tl.load(CuQ + b + 1) - q_start
-        k_start = tl.load(CuK + b)
-        seqlen_k = tl.load(CuK + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = seqlen_q_dense
-        k_start = 0
-        seqlen_k = seqlen_k_dense
-    if HAS_SEQUSED:
-        seqlen_k = tl.load(SeqUsedK + b)
+    q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(b, CuQ, CuK, SeqUsedK, seqlen_q_dense,
+                                                       seqlen_k_dense, IS_VARLEN, HAS_SEQUSED)
     n0 = pid_n * BLOCK_N
     if n0 >= seqlen_k:
         return
@@ -253,102 +232,68 @@ def _bwd_dkdv_kernel(
                 mask=kv_mask, other=0.0)
     v = tl.load(V + b64 * stride_vb + hk * stride_vh + krow[:, None] * stride_vn + offs_d[None, :],
                 mask=kv_mask, other=0.0)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    grads = (tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32), tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32))
     dk_ptrs = DK + b64 * stride_dkb + hk * stride_dkh + krow[:, None] * stride_dkn + offs_d[None, :]
     dv_ptrs = DV + b64 * stride_dvb + hk * stride_dvh + krow[:, None] * stride_dvn + offs_d[None, :]
 
-    # Query rows that can see keys [n0, n0+BLOCK_N), and the rows where no mask is needed.
-    lo = 0
-    hi = seqlen_q
-    flo = 0
-    fhi = (seqlen_q // BLOCK_M) * BLOCK_M
-    if HAS_RIGHT:
-        lo = tl.maximum(n0 - diag - window_right, 0)
-        lo = (lo // BLOCK_M) * BLOCK_M
-        flo = tl.maximum(n0 + BLOCK_N - 1 - diag - window_right, 0)
-        flo = ((flo + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-    if HAS_LEFT:
-        hi = tl.minimum(n0 + BLOCK_N - diag + window_left, seqlen_q)
-        fhi = tl.minimum(n0 - diag + window_left + 1, seqlen_q)
-        fhi = (tl.maximum(fhi, 0) // BLOCK_M) * BLOCK_M
-    if n0 + BLOCK_N > seqlen_k:
-        fhi = flo  # the last key block is partial: every query block needs the key-end mask
-    hi = tl.maximum(hi, lo)
-    flo = tl.minimum(tl.maximum(flo, lo), hi)
-    fhi = tl.maximum(tl.minimum(fhi, hi), flo)
-
+    ranges = _query_range(n0, seqlen_q, seqlen_k, diag, window_left, window_right,
+                          BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+    ins = (Q, DO, Lse, Delta, Alibi)
+    strides = (stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
+               stride_lb, stride_lh, stride_lm, stride_ab, stride_ah)
+    win = (seqlen_k, diag, window_left, window_right)
+    sc3 = (qk_scale, softcap_scale, softcap)
+    rng3 = (seed, rng_sq, rng_sk, dropout_p)
     if TWO_PASS:
         # dV first, stored, then dK: one [BLOCK_N, D] accumulator live at a time (large heads),
         # for one extra q.k product per step.
-        dk, dv = _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q,
-                                 q_start, stride_qb, stride_qm, stride_qh, stride_dob, stride_dom,
-                                 stride_doh, stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
-                                 offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
-                                 window_left, window_right, qk_scale, softcap_scale, softcap, seed,
-                                 rng_sq, rng_sk, dropout_p, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, False, True)
-        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
-        dk, dv = _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q,
-                                 q_start, stride_qb, stride_qm, stride_qh, stride_dob, stride_dom,
-                                 stride_doh, stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
-                                 offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
-                                 window_left, window_right, qk_scale, softcap_scale, softcap, seed,
-                                 rng_sq, rng_sk, dropout_p, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, True, False)
-        tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+        grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
+                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
+                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                BLOCK_M, KEYS_AS_ROWS, (False, True))
+        tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
+        grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
+                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
+                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                BLOCK_M, KEYS_AS_ROWS, (True, False))
+        tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     else:
-        dk, dv = _bwd_dkdv_group(dk, dv, k, v, Q, DO, Lse, Delta, Alibi, b64, hk, group, n_heads_q,
-                                 q_start, stride_qb, stride_qm, stride_qh, stride_dob, stride_dom,
-                                 stride_doh, stride_lb, stride_lh, stride_lm, stride_ab, stride_ah,
-                                 offs_n, offs_d, lo, flo, fhi, hi, seqlen_q, seqlen_k, head_dim, diag,
-                                 window_left, window_right, qk_scale, softcap_scale, softcap, seed,
-                                 rng_sq, rng_sk, dropout_p, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
-                                 HAS_ALIBI, HAS_DROPOUT, BLOCK_M, KEYS_AS_ROWS, True, True)
-        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=kv_mask)
-        tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+        grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
+                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
+                                HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                                BLOCK_M, KEYS_AS_ROWS, (True, True))
+        tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
+        tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-                  start, end, seqlen_k, head_dim, diag, window_left, window_right,
-                  qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
-                  MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+def _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, start, end, head_dim, win, sc, rng,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+                  HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+                  MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Add key blocks [start, end) to ``dq``; ``rows = (q, do, lse2, delta)`` of the row block,
+    ``kv = (k_base, v_base, stride_kn, stride_vn)``."""
+    q, do, lse2, delta = rows
+    k_base, v_base, stride_kn, stride_vn = kv
+    seqlen_k = win[0]
     offs_nb = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + offs_nb
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        if MASKED:
-            kv_mask = offs_n[:, None] < seqlen_k
-            if not EVEN_D:
-                kv_mask = kv_mask & (offs_d[None, :] < head_dim)
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k,
+                       offs_d, head_dim, MASKED, EVEN_D)
+        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k,
+                       offs_d, head_dim, MASKED, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
-        s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-                    HAS_SOFTCAP, HAS_ALIBI)
+        s = _scores(qk, offs_m, offs_n, win[1], sc, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
-            ok = _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                          HAS_LEFT, HAS_RIGHT)
-            s = tl.where(ok, s, float("-inf"))
+            s = tl.where(_allowed(offs_m, offs_n, win, HAS_LEFT, HAS_RIGHT), s, float("-inf"))
         p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v))
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
-            dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+            dp = tl.where(_dropout_keep(rng, offs_m, offs_n), dp * (1.0 / (1.0 - rng[3])), 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
-            t = _tanh(qk * softcap_scale)
+            t = _tanh(qk * sc[1])
             ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq)
     return dq
@@ -380,18 +325,8 @@ def _bwd_dq_kernel(
     b = pid_bh // n_heads_q
     h = pid_bh % n_heads_q
     hk = h // group
-    if IS_VARLEN:
-        q_start = tl.load(CuQ + b)
-        seqlen_q = tl.load(CuQ + b + 1) - q_start
-        k_start = tl.load(CuK + b)
-        seqlen_k = tl.load(CuK + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = seqlen_q_dense
-        k_start = 0
-        seqlen_k = seqlen_k_dense
-    if HAS_SEQUSED:
-        seqlen_k = tl.load(SeqUsedK + b)
+    q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(b, CuQ, CuK, SeqUsedK, seqlen_q_dense,
+                                                       seqlen_k_dense, IS_VARLEN, HAS_SEQUSED)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -415,27 +350,23 @@ def _bwd_dq_kernel(
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
-    rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
-    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
-    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
+    rows = (q, do, lse2, delta)
+    kv = (K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn,
+          V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn,
+          stride_kn, stride_vn)
+    win = (seqlen_k, diag, window_left, window_right)
+    sc = (qk_scale, softcap_scale, softcap, slope2)
+    rng = (seed, (b64 * n_heads_q + h) * rng_sq * rng_sk, rng_sk, dropout_p)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi, flo, fhi = _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m,
-                       offs_d, lo, flo, seqlen_k, head_dim, diag, window_left, window_right,
-                       qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
-                       True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                       BLOCK_N)
-    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m,
-                       offs_d, flo, fhi, seqlen_k, head_dim, diag, window_left, window_right,
-                       qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
-                       False, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                       BLOCK_N)
-    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_vn, offs_m,
-                       offs_d, fhi, hi, seqlen_k, head_dim, diag, window_left, window_right,
-                       qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
-                       True, EVEN_D, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                       BLOCK_N)
+    # masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end
+    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, lo, flo, head_dim, win, sc, rng,
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, BLOCK_N)
+    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, flo, fhi, head_dim, win, sc, rng,
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, False, BLOCK_N)
+    dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, fhi, hi, head_dim, win, sc, rng,
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, BLOCK_N)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + qrow[:, None] * stride_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=ld_mask)

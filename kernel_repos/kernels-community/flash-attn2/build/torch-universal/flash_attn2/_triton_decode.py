@@ -27,17 +27,74 @@ _LOG2E = 1.4426950408889634
 
 
 # Every runtime scalar is left unspecialised: the launch cache then keys them on their width
-# alone (bench/results/host-overhead-2026-11-30*: the per-integer key was several us of the
-# host time a decode step pays per layer). What specialisation bought is restored explicitly:
+# alone (a key per integer's divisibility was several us of the host time a decode step pays per
+# layer (bench/NOTES.md, Kernel tuning)). What specialisation bought is restored explicitly:
 # head_dim is contiguous (no stride argument), and ALIGNED says every row stride is a multiple of
 # 16 elements, and so is head_dim (all passed divided by 16), which the vectorised loads need.
 _SPLIT_RUNTIME_SCALARS = (
     "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
     "stride_vb", "stride_vs", "stride_vh", "stride_btb", "stride_alb",
     "stride_os", "stride_ob", "stride_oh", "stride_oq", "stride_ls", "stride_lb", "stride_lh", "stride_lq",
-    "seqlen_q", "num_kv_heads", "head_dim", "total_len_uniform",
+    "seqlen_q", "num_kv_heads", "head_dim", "total_len_uniform", "capacity",
     "scale_log2", "softcap", "window_left", "window_right",
 )
+
+
+@triton.jit
+def _key_slice(pid_m, pid_split, seqlen_q, kv_len, shift, window_left, window_right,
+               GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               NUM_SPLITS: tl.constexpr, HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr):
+    """Keys [start, end) this split of this query tile reads: the tile's visible keys (windows
+    bound them) cut into NUM_SPLITS slices of whole blocks."""
+    first_q = pid_m * BLOCK_M // GROUP
+    last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, seqlen_q - 1)
+    hi = kv_len
+    if HAS_WINDOW_RIGHT:
+        hi = tl.minimum(hi, last_q + shift + window_right + 1)
+    lo = 0
+    if HAS_WINDOW_LEFT:
+        lo = tl.maximum(lo, first_q + shift - window_left)
+    n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0)
+    blocks_per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+    start = lo + pid_split * blocks_per_split * BLOCK_N
+    end = tl.minimum(hi, start + blocks_per_split * BLOCK_N)
+    return start, end
+
+
+@triton.jit
+def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_ks, stride_vb, stride_vs,
+             PAGE_SIZE: tl.constexpr):
+    """Element offsets of the K and V rows at cache positions ``pos``: through the row's block
+    table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``."""
+    if PAGE_SIZE > 0:
+        page = tl.load(BLOCK_TABLE + b * stride_btb + pos // PAGE_SIZE, mask=n_ok, other=0)
+        k_row = page.to(tl.int64) * stride_kb + (pos % PAGE_SIZE) * stride_ks
+        v_row = page.to(tl.int64) * stride_vb + (pos % PAGE_SIZE) * stride_vs
+    else:
+        k_row = cache_b * stride_kb + pos.to(tl.int64) * stride_ks
+        v_row = cache_b * stride_vb + pos.to(tl.int64) * stride_vs
+    return k_row, v_row
+
+
+@triton.jit
+def _decode_scores(s, rel, n_ok, slope, scale_log2, softcap, window_left, window_right,
+                   HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                   HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr):
+    """Raw q.k -> masked scores in log2 units; ``rel`` = query position - key position."""
+    if HAS_SOFTCAP:
+        # tanh through exp: portable to the interpreter and every Triton version we ship for
+        t = s * (scale_log2 / (softcap * 1.4426950408889634))
+        s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * 1.4426950408889634
+    else:
+        s = s * scale_log2
+    if HAS_ALIBI:
+        s = s - (slope[:, None] * tl.abs(rel).to(tl.float32)) * 1.4426950408889634
+    keep = n_ok[None, :]
+    if HAS_WINDOW_RIGHT:
+        keep = keep & (rel >= -window_right)
+    if HAS_WINDOW_LEFT:
+        keep = keep & (rel <= window_left)
+    return tl.where(keep, s, float("-inf"))
 
 
 @triton.jit(do_not_specialize=_SPLIT_RUNTIME_SCALARS)
@@ -51,7 +108,7 @@ def _split_kernel(
     stride_alb,
     stride_os, stride_ob, stride_oh, stride_oq,
     stride_ls, stride_lb, stride_lh, stride_lq,
-    seqlen_q, num_kv_heads, head_dim, total_len_uniform,
+    seqlen_q, num_kv_heads, head_dim, total_len_uniform, capacity,
     scale_log2, softcap, window_left, window_right,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -95,7 +152,9 @@ def _split_kernel(
     d_ok = offs_d < head_dim
 
     if HAS_LENS:
-        total = tl.load(TOTAL_LENS + b)
+        # A length past what the cache (the block table) addresses is known only on the device:
+        # reading stops at the capacity, so such a row attends to its first `capacity` keys.
+        total = tl.minimum(tl.load(TOTAL_LENS + b), capacity)
     else:
         total = total_len_uniform
     if HAS_LEFTPAD:
@@ -106,19 +165,8 @@ def _split_kernel(
     # numbers, aligned so that the last query token sits on the last key (bottom-right).
     kv_len = total - pad
     shift = kv_len - seqlen_q
-
-    first_q = pid_m * BLOCK_M // GROUP
-    last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, seqlen_q - 1)
-    hi = kv_len
-    if HAS_WINDOW_RIGHT:
-        hi = tl.minimum(hi, last_q + shift + window_right + 1)
-    lo = 0
-    if HAS_WINDOW_LEFT:
-        lo = tl.maximum(lo, first_q + shift - window_left)
-    n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0)
-    blocks_per_split = tl.cdiv(n_blocks, NUM_SPLITS)
-    start = lo + pid_split * blocks_per_split * BLOCK_N
-    end = tl.minimum(hi, start + blocks_per_split * BLOCK_N)
+    start, end = _key_slice(pid_m, pid_split, seqlen_q, kv_len, shift, window_left, window_right,
+                            GROUP, BLOCK_M, BLOCK_N, NUM_SPLITS, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT)
 
     q_ptrs = Q + b * stride_qb + q_idx[:, None] * stride_qs + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -127,6 +175,7 @@ def _split_kernel(
         cache_b = tl.load(BATCH_IDX + b).to(tl.int64)
     else:
         cache_b = b.to(tl.int64)
+    slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(ALIBI + b * stride_alb + head, mask=row_ok, other=0.0).to(tl.float32)
 
@@ -137,33 +186,14 @@ def _split_kernel(
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        pos = offs_n + pad
-        if PAGE_SIZE > 0:
-            page = tl.load(BLOCK_TABLE + b * stride_btb + pos // PAGE_SIZE, mask=n_ok, other=0)
-            k_row = page.to(tl.int64) * stride_kb + (pos % PAGE_SIZE) * stride_ks
-            v_row = page.to(tl.int64) * stride_vb + (pos % PAGE_SIZE) * stride_vs
-        else:
-            k_row = cache_b * stride_kb + pos.to(tl.int64) * stride_ks
-            v_row = cache_b * stride_vb + pos.to(tl.int64) * stride_vs
+        k_row, v_row = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
+                                stride_kb, stride_ks, stride_vb, stride_vs, PAGE_SIZE)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k))
-        if HAS_SOFTCAP:
-            # tanh through exp: portable to the interpreter and every Triton version we ship for
-            t = s * (scale_log2 / (softcap * 1.4426950408889634))
-            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * t) + 1.0)) * 1.4426950408889634
-        else:
-            s = s * scale_log2
-        rel = q_idx[:, None] + shift - offs_n[None, :]
-        if HAS_ALIBI:
-            s = s - (slope[:, None] * tl.abs(rel).to(tl.float32)) * 1.4426950408889634
-        keep = n_ok[None, :]
-        if HAS_WINDOW_RIGHT:
-            keep = keep & (rel >= -window_right)
-        if HAS_WINDOW_LEFT:
-            keep = keep & (rel <= window_left)
-        s = tl.where(keep, s, float("-inf"))
+        s = _decode_scores(tl.dot(q, tl.trans(k)), q_idx[:, None] + shift - offs_n[None, :], n_ok,
+                           slope, scale_log2, softcap, window_left, window_right,
+                           HAS_ALIBI, HAS_SOFTCAP, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT)
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0, not NaN.
@@ -249,8 +279,7 @@ def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, bloc
     if on_gpu and capacity <= SHORT_CONTEXT and 3 * programs >= sms:
         # Short contexts over a third of the SMs or more: one split. More would save a few us of
         # GPU time but cost a second launch and the partial buffers on the host, which paces eager
-        # decoding. H200, batch 8 x 2304 keys x 8 kv heads, d=64: 23 vs 17 us of GPU time, 34 vs
-        # 55 us per call (bench/results/host-overhead-2026-11-29-call3.json).
+        # decoding (bench/NOTES.md, Kernel tuning).
         return 1
     by_fill = math.ceil(target / max(programs, 1))
     by_length = max(1, capacity // (2 * block_n))
@@ -264,9 +293,8 @@ def _device_setup(head_dim: int, device: torch.device) -> tuple:
     """(BLOCK_N, num_warps, num_stages, BLOCK_D, SM count, on a GPU) for head_dim on device.
 
     Computed once per (head_dim, device): device queries on every decode step are host time.
-    Configs measured on an H200 (bench/results/decode-2026-11-29*.json, d=128, 32k context): 64
-    keys x 4 stages read 4.4 TB/s contiguous and paged; 3 stages or 128 keys were as fast on one
-    layout but fell to 3.6-3.8 TB/s on the other. Deep pipelines need the 164-228 KB of shared
+    The configs are the ones fast on both cache layouts, contiguous and paged (bench/NOTES.md, Kernel tuning).
+    Deep pipelines need the 164-228 KB of shared
     memory of sm80/sm90; other GPUs (about 100 KB) get 2 stages. Under the interpreter: small
     tiles and a pretend GPU of 4 SMs, so the CPU tests exercise several splits.
     """
@@ -319,7 +347,9 @@ def decode_attention(
     (``[B, max_blocks]`` int32), ``[num_blocks, page_size, Hk, D]``. Row b attends to keys
     ``leftpad[b] .. total_lens[b]-1`` (or ``total_len_uniform`` when ``total_lens`` is None).
     ``window_right`` / ``window_left`` are -1 for unbounded; causal is ``window_right=0``.
-    ``capacity`` (keys a row can hold) only sizes the split count. ``config`` /
+    ``capacity`` (keys a row can hold: the block table's columns times the page size, or the
+    dense cache's length) sizes the split count and caps ``total_lens``: a row whose length the
+    caller could not check on the host (a device tensor) reads no key past it. ``config`` /
     ``block_m`` override the tuned tile choice (benchmark sweeps).
 
     With ``heads_first=True`` q is ``[B, Hq, Sq, D]`` and the (dense) caches ``[B, Hk, S, D]``
@@ -390,7 +420,7 @@ def decode_attention(
             block_table.stride(0) if block_table is not None else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
             *o_strides, *l_strides,
-            seqlen_q, num_kv_heads, hd, total_len_uniform,
+            seqlen_q, num_kv_heads, hd, total_len_uniform, capacity,
             softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
         (group, block_m, block_n, block_d, k_cache.shape[1] if block_table is not None else 0,

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from . import _configs
 from ._launch import Launcher
+from ._triton_tile import _allowed, _dropout_keep, _key_range, _load_tile, _scores, _seq_bounds
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -61,156 +62,62 @@ MASK_FROM: tl.constexpr = tl.constexpr(2)
 # Rows bounded on the right (causal, right windows) walk the bulk and the diagonal blocks in one
 # loop (MASK_FROM) when the keys are at most this long, and in two loops above it. One loop
 # saves the pipeline's drain and refill at the diagonal, once per program; its branch costs a
-# little on every step. On an H200 (bench/prefill_mask.py, bench/results/prefill-mask-2026-11-30.md)
-# one loop was 2-9 % faster from 1k to 4k keys, even at 8k, and 5 % slower at 16k.
+# little on every step, which outweighs the saving on long rows (bench/NOTES.md, Kernel tuning).
 MERGE_DIAG_MAX_KEYS = 8192
 # K and V bytes one HEAVY_FIRST chunk of heads may stream. An H100/H200 has 50 MB of L2 in two
-# halves; FlashAttention 3's scheduler sizes its head groups with 32 MB. On an H200 at head_dim
-# 64, 16 MB was 0.6-3 % faster than one chunk of every head at 8x2048 and 16x1024 in four runs,
-# and within 1 % of it at 8k-16k tokens (bench/results/prefill-order-2026-11-30.md).
-# Benchmarks may change it.
+# halves; FlashAttention 3's scheduler sizes its head groups with 32 MB; half of that kept more
+# of a chunk's K/V resident here (bench/NOTES.md, Kernel tuning). Benchmarks may change it.
 L2_BUDGET_BYTES = 16 << 20
 # CUDA's limit on grid.y and grid.z, where HEAVY_FIRST puts the row blocks and the chunks.
 _MAX_GRID_YZ = 65535
 
 
 @triton.jit
-def _tanh(x):
-    # 1 - 2/(e^{2x}+1) saturates cleanly to +-1 and runs under the interpreter (no libdevice).
-    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
-
-
-@triton.jit
-def _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, TRANS: tl.constexpr = False):
-    """Raw q.k -> scores in log2 units (softcap, then ALiBi, as flash-attn orders them).
-
-    TRANS: the tile is [keys, queries] (the backward's dK/dV layout).
-    """
-    if HAS_SOFTCAP:
-        s = _tanh(qk * softcap_scale) * (softcap * 1.4426950408889634)
-    else:
-        s = qk * qk_scale
-    if HAS_ALIBI:
-        if TRANS:
-            dist = (offs_m[None, :] + diag - offs_n[:, None]).to(tl.float32)
-        else:
-            dist = (offs_m[:, None] + diag - offs_n[None, :]).to(tl.float32)
-        s = s - slope2 * tl.abs(dist)
-    return s
-
-
-@triton.jit
-def _allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, TRANS: tl.constexpr = False,
-             EVEN_N: tl.constexpr = False):
-    """Which scores of the tile are kept. EVEN_N: every key block lies below seqlen_k, so with a
-    right bound the end-of-sequence test is redundant (one compare and one AND less per score)."""
-    if TRANS:
-        rows = offs_m[None, :]
-        cols = offs_n[:, None]
-    else:
-        rows = offs_m[:, None]
-        cols = offs_n[None, :]
-    if EVEN_N and HAS_RIGHT:
-        ok = cols <= rows + diag + window_right
-    else:
-        ok = cols < seqlen_k
-        if HAS_RIGHT:
-            ok = ok & (cols <= rows + diag + window_right)
-    if HAS_LEFT:
-        ok = ok & (cols >= rows + diag - window_left)
-    return ok
-
-
-@triton.jit
-def _masked(x, n0, mask_from, offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-            MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EVEN_N: tl.constexpr):
+def _masked(x, n0, mask_from, offs_m, offs_n, win, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+            MASKED: tl.constexpr, EVEN_N: tl.constexpr):
     """The tile ``x`` (keys from ``n0``) with the scores its rows may not see set to -inf: in every
     block (MASK_ALL), in blocks from ``mask_from`` on (MASK_FROM), or nowhere (MASK_NONE)."""
     if MASKED == MASK_ALL:
-        x = tl.where(_allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                              HAS_LEFT, HAS_RIGHT, False, EVEN_N), x, float("-inf"))
+        x = tl.where(_allowed(offs_m, offs_n, win, HAS_LEFT, HAS_RIGHT, False, EVEN_N), x, float("-inf"))
     elif MASKED == MASK_FROM:
         if n0 >= mask_from:
-            x = tl.where(_allowed(offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                                  HAS_LEFT, HAS_RIGHT, False, EVEN_N), x, float("-inf"))
+            x = tl.where(_allowed(offs_m, offs_n, win, HAS_LEFT, HAS_RIGHT, False, EVEN_N), x, float("-inf"))
     return x
 
 
 @triton.jit
-def _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p, TRANS: tl.constexpr = False):
-    """Keep mask for a [M, N] tile ([N, M] with TRANS); one offset per (batch, head, query, key)."""
-    if TRANS:
-        offs = rng_base + offs_m[None, :].to(tl.int64) * rng_sk + offs_n[:, None]
-    else:
-        offs = rng_base + offs_m[:, None].to(tl.int64) * rng_sk + offs_n[None, :]
-    return tl.rand(seed, offs) >= dropout_p
-
-
-@triton.jit
-def _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """Key blocks [lo, hi) that rows [m0, m0+BLOCK_M) can see, and the unmasked part [flo, fhi)."""
-    lo = 0
-    hi = seqlen_k
-    flo = 0
-    fhi = (seqlen_k // BLOCK_N) * BLOCK_N
-    if HAS_LEFT:
-        lo = tl.maximum(m0 + diag - window_left, 0)
-        lo = (lo // BLOCK_N) * BLOCK_N
-        flo = tl.maximum(m0 + BLOCK_M - 1 + diag - window_left, 0)
-        flo = ((flo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(m0 + BLOCK_M + diag + window_right, seqlen_k)
-        fhi = tl.minimum(m0 + diag + window_right + 1, seqlen_k)
-        fhi = (tl.maximum(fhi, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(hi, lo)
-    flo = tl.minimum(tl.maximum(flo, lo), hi)
-    fhi = tl.maximum(tl.minimum(fhi, hi), flo)
-    return lo, hi, flo, fhi
-
-
-@triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-               start, end, mask_from, seqlen_k, head_dim, diag, window_left, window_right,
-               qk_scale, softcap_scale, softcap, slope2, seed, rng_base, rng_sk, dropout_p,
-               MASKED: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
+def _fwd_inner(state, q, kv, offs_m, offs_d, blocks, head_dim, win, sc, rng,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    """Key blocks [start, end). MASKED: MASK_NONE (the bulk), MASK_ALL, or MASK_FROM (one loop
-    through the bulk and into the diagonal: blocks from ``mask_from`` on are masked, so the
-    software pipeline runs on instead of draining and refilling at the diagonal)."""
+               HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+               MASKED: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax over key blocks ``blocks = (start, end, mask_from)``; ``state = (acc, l_i,
+    m_i)``, ``kv = (k_base, v_base, stride_kn, stride_vn)``, the other tuples as in _triton_tile.
+
+    MASKED: MASK_NONE (the bulk), MASK_ALL, or MASK_FROM (one loop through the bulk and into the
+    diagonal: blocks from ``mask_from`` on are masked, so the software pipeline runs on instead
+    of draining and refilling at the diagonal)."""
+    acc, l_i, m_i = state
+    k_base, v_base, stride_kn, stride_vn = kv
+    start, end, mask_from = blocks
+    seqlen_k = win[0]
+    # Key rows past seqlen_k exist only in masked blocks of a ragged (not EVEN_N) length.
+    ROW_MASK: tl.constexpr = MASKED != MASK_NONE and not EVEN_N
     offs_nb = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + offs_nb
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        if MASKED != MASK_NONE and not EVEN_N:
-            kv_mask = offs_n[:, None] < seqlen_k
-            if not EVEN_D:
-                kv_mask = kv_mask & (offs_d[None, :] < head_dim)
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k,
+                       offs_d, head_dim, ROW_MASK, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
         if HAS_SOFTCAP or HAS_ALIBI:
-            s = _scores(qk, offs_m, offs_n, diag, qk_scale, softcap_scale, softcap, slope2,
-                        HAS_SOFTCAP, HAS_ALIBI)
-            s = _masked(s, n0, mask_from, offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                        MASKED, HAS_LEFT, HAS_RIGHT, EVEN_N)
+            s = _scores(qk, offs_m, offs_n, win[1], sc, HAS_SOFTCAP, HAS_ALIBI)
+            s = _masked(s, n0, mask_from, offs_m, offs_n, win, HAS_LEFT, HAS_RIGHT, MASKED, EVEN_N)
             m_new = tl.maximum(m_i, tl.max(s, 1))
         else:
             # Scores stay raw: the scale (> 0, checked by the caller) folds into the max and
             # into one fused multiply-add before exp2; a masked score is -inf either way.
-            qk = _masked(qk, n0, mask_from, offs_m, offs_n, seqlen_k, diag, window_left, window_right,
-                         MASKED, HAS_LEFT, HAS_RIGHT, EVEN_N)
-            s = qk * qk_scale
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = _masked(qk, n0, mask_from, offs_m, offs_n, win, HAS_LEFT, HAS_RIGHT, MASKED, EVEN_N)
+            s = qk * sc[0]
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * sc[0])
         if MASKED != MASK_NONE:
             # A row with nothing allowed yet keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -221,14 +128,9 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
-            p = tl.where(keep, p, 0.0)
-        if MASKED != MASK_NONE and not EVEN_N:
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            v = tl.load(v_ptrs)
-        else:
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
+            p = tl.where(_dropout_keep(rng, offs_m, offs_n), p, 0.0)
+        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k,
+                       offs_d, head_dim, ROW_MASK, EVEN_D)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
@@ -267,18 +169,8 @@ def _fwd_kernel(
     b = pid_bh // n_heads_q
     h = pid_bh % n_heads_q
     hk = h // group
-    if IS_VARLEN:
-        q_start = tl.load(CuQ + b)
-        seqlen_q = tl.load(CuQ + b + 1) - q_start
-        k_start = tl.load(CuK + b)
-        seqlen_k = tl.load(CuK + b + 1) - k_start
-    else:
-        q_start = 0
-        seqlen_q = seqlen_q_dense
-        k_start = 0
-        seqlen_k = seqlen_k_dense
-    if HAS_SEQUSED:
-        seqlen_k = tl.load(SeqUsedK + b)
+    q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(b, CuQ, CuK, SeqUsedK, seqlen_q_dense,
+                                                       seqlen_k_dense, IS_VARLEN, HAS_SEQUSED)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -289,47 +181,40 @@ def _fwd_kernel(
     q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
-    q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]
     q_mask = offs_m[:, None] < seqlen_q
     if not EVEN_D:
         q_mask = q_mask & (offs_d[None, :] < head_dim)
-    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
 
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(Alibi + b * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
-    rng_base = (b64 * n_heads_q + h) * rng_sq * rng_sk
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    win = (seqlen_k, diag, window_left, window_right)
+    sc = (qk_scale, softcap_scale, softcap, slope2)
+    rng = (seed, (b64 * n_heads_q + h) * rng_sq * rng_sk, rng_sk, dropout_p)
+    kv = (k_base, v_base, stride_kn, stride_vn)
+    state = (tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+             tl.full([BLOCK_M], float("-inf"), dtype=tl.float32))
 
     lo, hi, flo, fhi = _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # Masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end.
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                               offs_d, lo, flo, flo, seqlen_k, head_dim, diag, window_left,
-                               window_right, qk_scale, softcap_scale, softcap, slope2, seed,
-                               rng_base, rng_sk, dropout_p, MASK_ALL, EVEN_D, EVEN_N, HAS_LEFT,
-                               HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+    state = _fwd_inner(state, q, kv, offs_m, offs_d, (lo, flo, flo), head_dim, win, sc, rng,
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                       MASK_ALL, EVEN_N, BLOCK_N)
     if MERGE_DIAG:
         # blocks from fhi on are masked
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                                   offs_d, flo, hi, fhi, seqlen_k, head_dim, diag, window_left,
-                                   window_right, qk_scale, softcap_scale, softcap, slope2, seed,
-                                   rng_base, rng_sk, dropout_p, MASK_FROM, EVEN_D, EVEN_N, HAS_LEFT,
-                                   HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+        state = _fwd_inner(state, q, kv, offs_m, offs_d, (flo, hi, fhi), head_dim, win, sc, rng,
+                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                           MASK_FROM, EVEN_N, BLOCK_N)
     else:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                                   offs_d, flo, fhi, fhi, seqlen_k, head_dim, diag, window_left,
-                                   window_right, qk_scale, softcap_scale, softcap, slope2, seed,
-                                   rng_base, rng_sk, dropout_p, MASK_NONE, EVEN_D, EVEN_N, HAS_LEFT,
-                                   HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m,
-                                   offs_d, fhi, hi, fhi, seqlen_k, head_dim, diag, window_left,
-                                   window_right, qk_scale, softcap_scale, softcap, slope2, seed,
-                                   rng_base, rng_sk, dropout_p, MASK_ALL, EVEN_D, EVEN_N, HAS_LEFT,
-                                   HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, BLOCK_N)
+        state = _fwd_inner(state, q, kv, offs_m, offs_d, (flo, fhi, fhi), head_dim, win, sc, rng,
+                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                           MASK_NONE, EVEN_N, BLOCK_N)
+        state = _fwd_inner(state, q, kv, offs_m, offs_d, (fhi, hi, fhi), head_dim, win, sc, rng,
+                           HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
+                           MASK_ALL, EVEN_N, BLOCK_N)
+    acc, l_i, m_i = state
 
     empty = l_i == 0.0
     inv_l = 1.0 / tl.where(empty, 1.0, l_i)
@@ -353,12 +238,12 @@ def _dropout_mask_kernel(Mask, seed, dropout_p, n_heads_q, rng_sq, rng_sk,
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_q
     h = pid_bh % n_heads_q
-    rng_base = (b.to(tl.int64) * n_heads_q + h) * rng_sq * rng_sk
+    rng = (seed, (b.to(tl.int64) * n_heads_q + h) * rng_sq * rng_sk, rng_sk, dropout_p)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     base = Mask + pid_bh.to(tl.int64) * rng_sq * rng_sk
     for n0 in range(0, rng_sk, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        keep = _dropout_keep(seed, rng_base, offs_m, offs_n, rng_sk, dropout_p)
+        keep = _dropout_keep(rng, offs_m, offs_n)
         ptrs = base + offs_m[:, None] * rng_sk + offs_n[None, :]
         tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < rng_sq) & (offs_n[None, :] < rng_sk))
 
@@ -404,12 +289,10 @@ def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: 
                heads_per_chunk: int) -> int:
     """The launch order (an ``ORDER_*`` value) for a call.
 
-    Measured on an H200 (bench/prefill_order.py, bench/results/prefill-order-2026-11-30.md):
-    with rows bounded on the right only (causal, or a right window) HEAVY_FIRST beat PER_HEAD by
-    3-7 % at head_dim 64 (8x2048 to 1x16384, GQA 32/8) but lost 2-7 % at head_dim 128 on three
-    of four shapes, chunked or not; with a left window too, blocks cost about the same and
-    PER_HEAD was as fast as IN_ORDER and 1.5-3 % ahead of HEAVY_FIRST. So HEAVY_FIRST is taken
-    for padded head dims up to 64 only. It also needs the row blocks and the chunks to fit
+    HEAVY_FIRST only for rows bounded on the right alone (causal, a right window) at padded head
+    dims up to 64, where short row blocks make the last wave ragged; wider heads and rows with a
+    left window too (blocks of about equal cost) keep PER_HEAD (bench/NOTES.md, Kernel tuning).
+    HEAVY_FIRST also needs the row blocks and the chunks to fit
     CUDA's grid.y / grid.z limits (they do below 8M tokens at 128-row blocks).
     """
     if not masked_right:

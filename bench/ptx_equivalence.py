@@ -1,0 +1,127 @@
+"""Offline check that a change to the kernels keeps their code: compile two copies of the package
+for sm90 (no GPU needed) and compare the PTX of 13 kernel configurations, debug info dropped.
+
+    python bench/ptx_equivalence.py OLD_PACKAGE_DIR NEW_PACKAGE_DIR OUT_DIR [config ...]
+
+A package dir is the folder holding ``__init__.py`` (``.../build/torch-universal/flash_attn2``).
+Prints per configuration: identical, same instruction multiset (order or register numbers
+differ), or the instruction counts that differ.
+"""
+import importlib
+import importlib.util
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+import triton
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+
+
+
+def load(pkg_dir: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, pkg_dir / "__init__.py", submodule_search_locations=[str(pkg_dir)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return tuple(importlib.import_module(f"{name}.{m}") for m in ("_triton_fwd", "_triton_bwd", "_triton_decode"))
+FLOATS = {"qk_scale", "softcap_scale", "softcap", "sm_scale", "dropout_p", "scale_log2"}
+I32P = {"CuQ", "CuK", "SeqUsedK", "BLOCK_TABLE", "TOTAL_LENS", "BATCH_IDX", "LEFTPAD"}
+F32P = {"Lse", "Delta", "Alibi", "ALIBI", "LSE", "O_PART", "LSE_PART"}
+
+def compile_one(fn, consts, none_ptrs, num_warps, num_stages, o_f32=False):
+    names = list(fn.arg_names)
+    sig, cx, attrs = {}, {}, {}
+    for i, n in enumerate(names):
+        if n in consts:
+            sig[n] = "constexpr"; cx[n] = consts[n]
+        elif n in none_ptrs:
+            sig[n] = "constexpr"; cx[n] = None
+        elif n in FLOATS:
+            sig[n] = "fp32"
+        elif n[0].isupper():
+            sig[n] = "*i32" if n in I32P else "*fp32" if (n in F32P or (o_f32 and n == "O")) else "*bf16"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "i32"
+    src = ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = c.asm["ptx"]
+    lines = []
+    skip = False
+    for line in ptx.splitlines():
+        s = line.strip()
+        if s.startswith(".section") and "debug" in s:
+            skip = True
+        if skip:
+            if s == "}":
+                skip = False
+            continue
+        if s.startswith((".loc", ".file", "//", "$L__")) or not s:
+            continue
+        lines.append(re.sub(r"\$L__\w+", "L", s))
+    return lines, c.metadata.n_regs if hasattr(c.metadata, "n_regs") else None
+
+
+
+def configurations(F, B, D) -> dict:
+    fwd_base = dict(IS_VARLEN=False, HAS_SEQUSED=False, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                    HAS_DROPOUT=False, EVEN_D=True, EVEN_N=True, MERGE_DIAG=False, ORDER=0, STORE_LSE=True,
+                    BLOCK_M=128, BLOCK_N=64, BLOCK_D=128)
+    cases = {
+        "fwd_d128": (F._fwd_kernel, fwd_base, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 3),
+        "fwd_d128_causal_merge": (F._fwd_kernel, {**fwd_base, "HAS_RIGHT": True, "MERGE_DIAG": True, "ORDER": 1, "BLOCK_M": 64, "STORE_LSE": False}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 4, 3),
+        "fwd_d64_causal_heavy": (F._fwd_kernel, {**fwd_base, "HAS_RIGHT": True, "MERGE_DIAG": False, "ORDER": 2, "BLOCK_D": 64, "BLOCK_M": 64}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 4, 3),
+        "fwd_varlen_all": (F._fwd_kernel, {**fwd_base, "IS_VARLEN": True, "HAS_LEFT": True, "HAS_RIGHT": True, "HAS_SOFTCAP": True, "HAS_ALIBI": True, "HAS_DROPOUT": True, "EVEN_D": False, "EVEN_N": False, "BLOCK_D": 64}, {"SeqUsedK"}, 4, 2),
+        "fwd_seqused": (F._fwd_kernel, {**fwd_base, "HAS_SEQUSED": True, "EVEN_N": False}, {"CuQ", "CuK", "Alibi"}, 8, 3),
+    }
+    bwd_base = dict(IS_VARLEN=False, HAS_SEQUSED=False, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
+                    HAS_DROPOUT=False, EVEN_D=True)
+    cases.update({
+        "dkdv_d128_keys": (B._bwd_dkdv_kernel, {**bwd_base, "HAS_RIGHT": True, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_D": 128, "KEYS_AS_ROWS": True, "TWO_PASS": False}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 3),
+        "dkdv_d256_2pass": (B._bwd_dkdv_kernel, {**bwd_base, "BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_D": 256, "KEYS_AS_ROWS": True, "TWO_PASS": True}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 2),
+        "dkdv_varlen_queries_all": (B._bwd_dkdv_kernel, {**bwd_base, "IS_VARLEN": True, "HAS_LEFT": True, "HAS_RIGHT": True, "HAS_SOFTCAP": True, "HAS_ALIBI": True, "HAS_DROPOUT": True, "EVEN_D": False, "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_D": 64, "KEYS_AS_ROWS": False, "TWO_PASS": False}, {"SeqUsedK"}, 4, 2),
+        "dq_d128": (B._bwd_dq_kernel, {**bwd_base, "HAS_RIGHT": True, "REVERSE": True, "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_D": 128}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 3),
+        "dq_varlen_all": (B._bwd_dq_kernel, {**bwd_base, "IS_VARLEN": True, "HAS_LEFT": True, "HAS_RIGHT": True, "HAS_SOFTCAP": True, "HAS_ALIBI": True, "HAS_DROPOUT": True, "EVEN_D": False, "REVERSE": False, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": 64}, {"SeqUsedK"}, 4, 2),
+        "delta": (B._delta_kernel, {"IS_VARLEN": True, "BLOCK_M": 64, "BLOCK_D": 128}, set(), 4, 3),
+    })
+    dec_base = dict(GROUP=4, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, PAGE_SIZE=256, NUM_SPLITS=4, HAS_LENS=True, HAS_BATCH_IDX=False,
+                    HAS_LEFTPAD=False, HAS_ALIBI=False, HAS_SOFTCAP=False, HAS_WINDOW_LEFT=False, HAS_WINDOW_RIGHT=False,
+                    FINAL=False, STORE_LSE=True, ALIGNED=True)
+    cases.update({
+        "split_paged": (D._split_kernel, dec_base, {"BATCH_IDX", "LEFTPAD", "ALIBI"}, 4, 4),
+        "split_dense_all": (D._split_kernel, {**dec_base, "PAGE_SIZE": 0, "HAS_BATCH_IDX": True, "HAS_LEFTPAD": True, "HAS_ALIBI": True, "HAS_SOFTCAP": True, "HAS_WINDOW_LEFT": True, "HAS_WINDOW_RIGHT": True, "FINAL": True}, {"BLOCK_TABLE"}, 4, 4),
+    })
+    return cases
+
+
+def histogram(lines) -> Counter:
+    return Counter(line.split()[0] for line in lines if not line.startswith("@"))
+
+
+def main() -> None:
+    old_dir, new_dir, out_dir = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    only = set(sys.argv[4:])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    old, new = configurations(*load(old_dir, "fa_old")), configurations(*load(new_dir, "fa_new"))
+    for name in old:
+        if only and name not in only:
+            continue
+        texts = []
+        for label, cases in (("old", old), ("new", new)):
+            fn, consts, nones, w, st = cases[name]
+            o_f32 = fn.__name__ == "_split_kernel" and not consts.get("FINAL")
+            lines = compile_one(fn, consts, nones, w, st, o_f32)[0]
+            (out_dir / f"{name}.{label}.ptx").write_text("\n".join(lines) + "\n")
+            texts.append(lines)
+        if texts[0] == texts[1]:
+            print(f"{name}: identical", flush=True)
+        elif histogram(texts[0]) == histogram(texts[1]):
+            print(f"{name}: same instruction multiset", flush=True)
+        else:
+            h0, h1 = histogram(texts[0]), histogram(texts[1])
+            print(f"{name}: DIFFERENT", {k: (h0[k], h1[k]) for k in set(h0) | set(h1) if h0[k] != h1[k]}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
