@@ -47,13 +47,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
-# head_dim -> (BLOCK_M, BLOCK_N, STAGES, num_warps); STAGES a power of two (Gluon's shared
+# head_dim -> (BLOCK_M, BLOCK_N, STAGES, num_warps, AHEAD: issue S_{j+1} before the softmax of S_j); STAGES a power of two (Gluon's shared
 # layouts need one); shared memory: Q tile + STAGES x (K + V)
 # blocks in bf16 must stay under the 227 KB a Hopper block may take.
 TILES = {
-    64: (128, 128, 4, 8),
-    128: (128, 128, 2, 8),
-    256: (128, 64, 2, 8),
+    64: (128, 128, 4, 8, False),
+    128: (128, 128, 2, 8, False),
+    256: (128, 64, 2, 8, False),
 }
 
 
@@ -84,23 +84,9 @@ def _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_block, v_block, n
 
 
 @gluon.jit
-def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-          acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
-          s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-          STAGES: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
-    """One key block j: S_j = Q K_j^T, then P_{j-1} V_{j-1} overlapping the softmax of S_j."""
-    slot = j % STAGES
-    phase = (j // STAGES) & 1
-    mbarrier.wait(k_bars.index(slot), phase)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
-                          gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-    if HAS_PREV:
-        prev = (j - 1) % STAGES
-        mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p, v_smem.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    else:
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online softmax of key block j's raw scores: (p, alpha, new row max, new row sum)."""
     if MASK:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         keep = offs_n[None, :] < seqlen_k
@@ -118,8 +104,12 @@ def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, h
     pf = gl.exp2(s * qk_scale - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(pf, axis=1)
-    if HAS_PREV:
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    return pf, alpha, m_new, l_i
+
+
+@gluon.jit
+def _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
+                        STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
     # Past this barrier both warpgroups are done with K_j (S_j waited) and V_{j-1} (P·V waited):
     # refill those slots, K_{j+STAGES} a whole ring ahead, V_{j+STAGES-1} (needed one step later
     # than its K)
@@ -128,14 +118,82 @@ def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, h
     _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j + STAGES, j + STAGES - 1, n_end, b, hk,
              STAGES, BLOCK_N)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    p = gl.convert_layout(pf.to(q_smem.dtype), p.type.layout)
+    p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
+    return acc, p
+
+
+@gluon.jit
+def _issue_qk(q_smem, k_smem, k_bars, j, ready, s_layout: gl.constexpr, STAGES: gl.constexpr):
+    """Start S_j = Q K_j^T once K_j has landed (``ready`` False: no wait, on whatever the slot holds)."""
+    slot = j % STAGES
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1, pred=ready)
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    return warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
+                         gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_pv(p, v_smem, v_bars, j, acc, STAGES: gl.constexpr):
+    """Start O += P_j V_j once V_j has landed."""
+    slot = j % STAGES
+    mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
+    return warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
+
+
+@gluon.jit
+def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+          acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
+          s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+          STAGES: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
+    """One key block j: S_j = Q K_j^T, then P_{j-1} V_{j-1} overlapping the softmax of S_j."""
+    s_tok = _issue_qk(q_smem, k_smem, k_bars, j, True, s_layout, STAGES)
+    if HAS_PREV:
+        acc = _issue_pv(p, v_smem, v_bars, j - 1, acc, STAGES)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    else:
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+    pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                     BLOCK_N, MASK, CAUSAL)
+    if HAS_PREV:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    acc, p = _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
+                                 STAGES, BLOCK_N)
     return acc, p, m_new, l_i
+
+
+@gluon.jit
+def _step_ahead(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
+                s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                STAGES: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
+    """Key block j with S_j already in flight: issue P_{j-1} V_{j-1} and S_{j+1}, then the softmax
+    of S_j runs while the tensor cores work on both (FlashAttention-3's order; one more S tile
+    of registers than :func:`_step`).
+
+    After the last block S_{n_end} is still issued, on a slot no copy is writing, and dropped:
+    keeping the wait counts fixed costs one spare Q·K^T per row block.
+    """
+    if HAS_PREV:
+        acc = _issue_pv(p, v_smem, v_bars, j - 1, acc, STAGES)
+    s_next = _issue_qk(q_smem, k_smem, k_bars, j + 1, j + 1 < n_end, s_layout, STAGES)
+    if HAS_PREV:
+        s = warpgroup_mma_wait(2, deps=(s_tok, ))
+    else:
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                     BLOCK_N, MASK, CAUSAL)
+    if HAS_PREV:
+        acc = warpgroup_mma_wait(1, deps=(acc, ))
+    acc, p = _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
+                                 STAGES, BLOCK_N)
+    return s_next, acc, p, m_new, l_i
 
 
 @gluon.jit
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
                     seqlen_q, seqlen_k, heads, group, qk_scale,
-                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
                     num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -194,22 +252,36 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
 
-    # block 0 always masks (it may be the diagonal or the ragged end), and has no P·V before it
-    acc, p, m_i, l_i = _step(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                             acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M, BLOCK_N,
-                             HEAD_DIM, STAGES, True, CAUSAL, False)
-    for j in range(1, n_full):
-        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                 BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
-    for j in range(gl.maximum(n_full, 1), n_end):
-        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                 BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
-    last = n_end - 1
-    mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)
-    acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    if AHEAD:
+        s_tok = _issue_qk(q_smem, k_smem, k_bars, 0, True, s_layout, STAGES)
+        s_tok, acc, p, m_i, l_i = _step_ahead(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b,
+                                              hk, s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
+                                              s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, False)
+        for j in range(1, n_full):
+            s_tok, acc, p, m_i, l_i = _step_ahead(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                                                  b, hk, s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
+                                                  s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
+        for j in range(gl.maximum(n_full, 1), n_end):
+            s_tok, acc, p, m_i, l_i = _step_ahead(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                                                  b, hk, s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
+                                                  s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
+        acc = _issue_pv(p, v_smem, v_bars, n_end - 1, acc, STAGES)
+        acc, _ = warpgroup_mma_wait(0, deps=(acc, s_tok))
+    else:
+        # block 0 always masks (it may be the diagonal or the ragged end), and has no P·V before it
+        acc, p, m_i, l_i = _step(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M, BLOCK_N,
+                                 HEAD_DIM, STAGES, True, CAUSAL, False)
+        for j in range(1, n_full):
+            acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                                     acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                     BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
+        for j in range(gl.maximum(n_full, 1), n_end):
+            acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                                     acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                     BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
+        acc = _issue_pv(p, v_smem, v_bars, n_end - 1, acc, STAGES)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
 
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
@@ -231,8 +303,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     tma.store_wait(pendings=0)
 
 
-def tile_for(head_dim: int) -> Optional[Tuple[int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, STAGES, num_warps) for a head dim this kernel serves, else None."""
+def tile_for(head_dim: int) -> Optional[Tuple[int, int, int, int, bool]]:
+    """(BLOCK_M, BLOCK_N, STAGES, num_warps, AHEAD) for a head dim this kernel serves, else None."""
     return TILES.get(head_dim)
 
 
@@ -267,7 +339,7 @@ def gluon_attention_forward(
     softmax_scale: float,
     causal: bool,
     store_lse: bool = True,
-    tile: Optional[Tuple[int, int, int, int]] = None,
+    tile: Optional[Tuple[int, int, int, int, bool]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -275,7 +347,7 @@ def gluon_attention_forward(
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = tile or TILES[head_dim]
+    block_m, block_n, stages, warps, ahead = tile or TILES[head_dim]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
     if batch == 0 or seqlen_q == 0:
@@ -286,6 +358,6 @@ def gluon_attention_forward(
         _descriptor(out, block_m, head_dim), lse if store_lse else out,
         lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
         seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
-        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, num_warps=warps,
+        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, AHEAD=bool(ahead), num_warps=warps,
     )
     return out, lse
