@@ -17,14 +17,19 @@ Why this shape (Gluon gives the control plain Triton does not):
 * Q, K, V and O move through 4-D TMA descriptors over ``[B, S, H, D]``: the copy engine clips
   and zero-fills at each sequence's end, so ragged lengths need no bounds arithmetic, and the
   output tile goes back through the same engine from the shared buffer Q used.
-* K and V blocks stream through a ring of ``STAGES`` shared buffers, each with its own mbarrier
-  for K and for V, loaded ``STAGES - 1`` blocks ahead.
+* K and V blocks stream through a ring of ``STAGES`` shared buffers with one mbarrier per K and
+  per V slot; K is loaded ``STAGES`` blocks ahead, V (needed one step later) ``STAGES - 1``.
 * Two warpgroups (8 warps) split the 128 query rows; in each step the warpgroup issues
   ``S_j = Q K_j^T``, then ``O += P_{j-1} V_{j-1}``, waits only for S_j, computes the softmax of
   block j while the tensor cores still run P·V, and only then waits for P·V and rescales O
   (FlashAttention-3's intra-warpgroup overlap). P stays in registers as the A operand.
 * Key blocks that no mask touches run without the compare and select; only the blocks that
   cross the causal diagonal or the sequence end pay for them.
+
+Not done here (measured slower, ``bench/results/gluon_fwd.md``): FlashAttention-3's deeper order,
+S_{j+1} issued before the softmax of S_j. Written this way in Gluon 3.6 it compiles to 248
+registers and ptxas serialises the wgmma chain (warning C7514: accumulator registers read between
+the start and end of a pipeline stage).
 """
 
 from __future__ import annotations
@@ -47,13 +52,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
-# head_dim -> (BLOCK_M, BLOCK_N, STAGES, num_warps, AHEAD: issue S_{j+1} before the softmax of S_j); STAGES a power of two (Gluon's shared
+# head_dim -> (BLOCK_M, BLOCK_N, STAGES, num_warps); STAGES a power of two (Gluon's shared
 # layouts need one); shared memory: Q tile + STAGES x (K + V)
 # blocks in bf16 must stay under the 227 KB a Hopper block may take.
 TILES = {
-    64: (128, 128, 4, 8, False),
-    128: (128, 128, 2, 8, False),
-    256: (128, 64, 2, 8, False),
+    64: (128, 128, 4, 8),
+    128: (128, 128, 2, 8),
+    256: (128, 64, 2, 8),
 }
 
 
@@ -123,10 +128,10 @@ def _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end
 
 
 @gluon.jit
-def _issue_qk(q_smem, k_smem, k_bars, j, ready, s_layout: gl.constexpr, STAGES: gl.constexpr):
-    """Start S_j = Q K_j^T once K_j has landed (``ready`` False: no wait, on whatever the slot holds)."""
+def _issue_qk(q_smem, k_smem, k_bars, j, s_layout: gl.constexpr, STAGES: gl.constexpr):
+    """Start S_j = Q K_j^T once K_j has landed."""
     slot = j % STAGES
-    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1, pred=ready)
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
     BLOCK_M: gl.constexpr = q_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     return warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
@@ -147,7 +152,7 @@ def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, h
           s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
           STAGES: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
     """One key block j: S_j = Q K_j^T, then P_{j-1} V_{j-1} overlapping the softmax of S_j."""
-    s_tok = _issue_qk(q_smem, k_smem, k_bars, j, True, s_layout, STAGES)
+    s_tok = _issue_qk(q_smem, k_smem, k_bars, j, s_layout, STAGES)
     if HAS_PREV:
         acc = _issue_pv(p, v_smem, v_bars, j - 1, acc, STAGES)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
@@ -163,37 +168,9 @@ def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, h
 
 
 @gluon.jit
-def _step_ahead(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
-                s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                STAGES: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
-    """Key block j with S_j already in flight: issue P_{j-1} V_{j-1} and S_{j+1}, then the softmax
-    of S_j runs while the tensor cores work on both (FlashAttention-3's order; one more S tile
-    of registers than :func:`_step`).
-
-    After the last block S_{n_end} is still issued, on a slot no copy is writing, and dropped:
-    keeping the wait counts fixed costs one spare Q·K^T per row block.
-    """
-    if HAS_PREV:
-        acc = _issue_pv(p, v_smem, v_bars, j - 1, acc, STAGES)
-    s_next = _issue_qk(q_smem, k_smem, k_bars, j + 1, j + 1 < n_end, s_layout, STAGES)
-    if HAS_PREV:
-        s = warpgroup_mma_wait(2, deps=(s_tok, ))
-    else:
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                     BLOCK_N, MASK, CAUSAL)
-    if HAS_PREV:
-        acc = warpgroup_mma_wait(1, deps=(acc, ))
-    acc, p = _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
-                                 STAGES, BLOCK_N)
-    return s_next, acc, p, m_new, l_i
-
-
-@gluon.jit
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
                     seqlen_q, seqlen_k, heads, group, qk_scale,
-                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, AHEAD: gl.constexpr,
+                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                     num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -252,36 +229,20 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
 
-    if AHEAD:
-        s_tok = _issue_qk(q_smem, k_smem, k_bars, 0, True, s_layout, STAGES)
-        s_tok, acc, p, m_i, l_i = _step_ahead(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b,
-                                              hk, s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
-                                              s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, False)
-        for j in range(1, n_full):
-            s_tok, acc, p, m_i, l_i = _step_ahead(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-                                                  b, hk, s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
-                                                  s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
-        for j in range(gl.maximum(n_full, 1), n_end):
-            s_tok, acc, p, m_i, l_i = _step_ahead(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
-                                                  b, hk, s_tok, acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
-                                                  s_layout, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
-        acc = _issue_pv(p, v_smem, v_bars, n_end - 1, acc, STAGES)
-        acc, _ = warpgroup_mma_wait(0, deps=(acc, s_tok))
-    else:
-        # block 0 always masks (it may be the diagonal or the ragged end), and has no P·V before it
-        acc, p, m_i, l_i = _step(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M, BLOCK_N,
-                                 HEAD_DIM, STAGES, True, CAUSAL, False)
-        for j in range(1, n_full):
-            acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                                     acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                     BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
-        for j in range(gl.maximum(n_full, 1), n_end):
-            acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                                     acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                     BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
-        acc = _issue_pv(p, v_smem, v_bars, n_end - 1, acc, STAGES)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    # block 0 always masks (it may be the diagonal or the ragged end), and has no P·V before it
+    acc, p, m_i, l_i = _step(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                             acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M, BLOCK_N,
+                             HEAD_DIM, STAGES, True, CAUSAL, False)
+    for j in range(1, n_full):
+        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                 BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
+    for j in range(gl.maximum(n_full, 1), n_end):
+        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                 BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
+    acc = _issue_pv(p, v_smem, v_bars, n_end - 1, acc, STAGES)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
 
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bars.index(i))
@@ -303,8 +264,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     tma.store_wait(pendings=0)
 
 
-def tile_for(head_dim: int) -> Optional[Tuple[int, int, int, int, bool]]:
-    """(BLOCK_M, BLOCK_N, STAGES, num_warps, AHEAD) for a head dim this kernel serves, else None."""
+def tile_for(head_dim: int) -> Optional[Tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, STAGES, num_warps) for a head dim this kernel serves, else None."""
     return TILES.get(head_dim)
 
 
@@ -339,7 +300,7 @@ def gluon_attention_forward(
     softmax_scale: float,
     causal: bool,
     store_lse: bool = True,
-    tile: Optional[Tuple[int, int, int, int, bool]] = None,
+    tile: Optional[Tuple[int, int, int, int]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -347,7 +308,7 @@ def gluon_attention_forward(
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps, ahead = tile or TILES[head_dim]
+    block_m, block_n, stages, warps = tile or TILES[head_dim]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
     if batch == 0 or seqlen_q == 0:
@@ -358,6 +319,6 @@ def gluon_attention_forward(
         _descriptor(out, block_m, head_dim), lse if store_lse else out,
         lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
         seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
-        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, AHEAD=bool(ahead), num_warps=warps,
+        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, num_warps=warps,
     )
     return out, lse
