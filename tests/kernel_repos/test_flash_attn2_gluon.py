@@ -1,19 +1,24 @@
 """When the flash-attn2 forward runs the Gluon sm90 kernel, and that everything else keeps the
 Triton kernel.
 
-The Gluon kernel itself needs an sm90 GPU (``bench/gluon_fwd.py`` checks it there against an fp64
-reference and times it); here the CPU walks the dispatch rule, the layout checks, and the
-interpreter path, which must never reach the Gluon kernel.
+The Gluon kernel itself runs only on an sm90 GPU (``bench/gluon_fwd.py`` checks it there against
+an fp64 reference and times it); here the CPU walks the dispatch rule, the layout checks and the
+interpreter path, which must never reach the Gluon kernel, and compiles the kernel for sm90 with
+the installed Triton to see the Hopper instructions it is built on.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from flash_ref import load_flash_attn2, reference, rel_err
+from flash_ref import PACKAGE_DIR, load_flash_attn2, reference, rel_err
 
 fa = load_flash_attn2()
 dispatch = importlib.import_module(fa.__name__ + "._gluon_dispatch")
@@ -55,7 +60,17 @@ def test_an_empty_table_turns_gluon_off():
 ])
 def test_triton_versions_are_read_as_major_minor(version, expected):
     assert dispatch.triton_version_tuple(version) == expected
-    assert (dispatch.triton_version_tuple(version) >= dispatch.MIN_TRITON) == (expected >= (3, 6))
+
+
+def test_gluon_is_used_only_under_the_triton_release_it_was_measured_on(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    measured = dispatch.triton_version_tuple(triton.__version__) in dispatch.MEASURED_TRITON
+    assert dispatch.gluon_available() == measured
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    monkeypatch.setattr(dispatch, "MEASURED_TRITON", frozenset())
+    assert not dispatch.gluon_available()
 
 
 def _gluon_fwd():
@@ -98,3 +113,55 @@ def test_interpreter_path_never_reaches_gluon(monkeypatch):
     assert calls == []
     ref_out, _ = reference(q, k, v, causal=True)
     assert rel_err(out, ref_out) < 3e-3
+
+
+
+# Compiles in a child process: this one runs Triton under TRITON_INTERPRET=1 (conftest), where
+# jit functions are interpreted and cannot be compiled for a GPU.
+_COMPILE_FOR_SM90 = """
+import importlib.util, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+package_dir, head_dim, causal = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+spec = importlib.util.spec_from_file_location("_fa2_sm90", package_dir + "/__init__.py",
+                                              submodule_search_locations=[package_dir])
+pkg = importlib.util.module_from_spec(spec)
+sys.modules["_fa2_sm90"] = pkg
+spec.loader.exec_module(pkg)
+import _fa2_sm90._gluon_fwd as gf
+
+block_m, block_n, stages, warps = gf.TILES[head_dim]
+
+
+def desc(rows):
+    block = [1, rows, 1, head_dim]
+    return f"tensordesc<bf16{block},{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
+
+
+fn = gf._gluon_attn_fwd
+names = list(fn.arg_names)
+types = dict(q_desc=desc(block_m), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(block_m),
+             lse_ptr="*fp32", qk_scale="fp32")
+constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, num_warps=warps)
+signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
+sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("head_dim, causal", [(128, False), (256, True)])
+def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, tmp_path):
+    _gluon_fwd()
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal))],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = done.stdout
+    # Q·K^T and P·V on the tensor cores' warpgroup path, every tile through the copy engine
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) >= 3 * (head_dim // 16)
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global", ptx)  # loads
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)  # the output tile
+    assert ".local" not in ptx  # nothing spilled to local memory at the PTX level

@@ -1,8 +1,8 @@
 """When a forward call runs the Gluon kernel (``_gluon_fwd``) instead of the Triton one.
 
 Pure Python over plain values, so that CPU tests can walk the rule; importing this module
-imports neither Triton nor Gluon. The rule: an sm90 GPU, a Triton of at least 3.6 that ships
-``triton.experimental.gluon``, a dense call without varlen, ``seqused_k``, window, softcap,
+imports neither Triton nor Gluon. The rule: an sm90 GPU, a Triton release the kernel was
+measured under (:data:`MEASURED_TRITON`) that ships ``triton.experimental.gluon``, a dense call without varlen, ``seqused_k``, window, softcap,
 ALiBi or dropout, bf16, and a (head_dim, causal) pair in :data:`MEASURED_FASTER` with
 at least its number of query tokens: where the Gluon forward measured correct and faster than
 the Triton forward on the H200 (``bench/gluon_fwd.py``; figures in ``bench/results/gluon_fwd.md``).
@@ -25,7 +25,10 @@ MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
     (256, True): 0,
 }
 
-MIN_TRITON = (3, 6)
+# Triton releases (major, minor) the Gluon forward was checked and timed under. Gluon is
+# experimental: names changed after 3.6 (the kernel follows them) and Triton 3.10 turns FP
+# fusion off by default, so another release keeps the Triton kernel until it is measured too.
+MEASURED_TRITON: frozenset = frozenset({(3, 6)})
 _GLUON_AVAILABLE: Optional[bool] = None
 
 
@@ -36,13 +39,14 @@ def triton_version_tuple(version: str) -> Tuple[int, int]:
 
 
 def gluon_available() -> bool:
-    """Whether this process's Triton is new enough and ships Gluon's Hopper API (cached)."""
+    """Whether this process's Triton is a release in :data:`MEASURED_TRITON` with Gluon's Hopper
+    API (cached)."""
     global _GLUON_AVAILABLE
     if _GLUON_AVAILABLE is None:
         try:
             import triton
 
-            if triton_version_tuple(triton.__version__) < MIN_TRITON:
+            if triton_version_tuple(triton.__version__) not in MEASURED_TRITON:
                 raise ImportError(triton.__version__)
             from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
             _GLUON_AVAILABLE = True

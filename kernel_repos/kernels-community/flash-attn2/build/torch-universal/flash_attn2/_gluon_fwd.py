@@ -52,6 +52,13 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
+# Triton 3.6 names the bulk copies async_copy_global_to_shared / async_copy_shared_to_global and
+# the CTA barrier thread_barrier; later releases call them async_load / async_store / barrier
+# (and make the old copy names raise)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
 # head_dim -> (BLOCK_M, BLOCK_N, STAGES, num_warps); STAGES a power of two (Gluon's shared
 # layouts need one); shared memory: Q tile + STAGES x (K + V)
 # blocks in bf16 must stay under the 227 KB a Hopper block may take.
@@ -82,9 +89,9 @@ def _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_block, v_block, n
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     k_slot = k_block % STAGES
     v_slot = v_block % STAGES
-    tma.async_copy_global_to_shared(k_desc, [b, k_block * BLOCK_N, hk, 0], k_bars.index(k_slot),
+    _tma_load(k_desc, [b, k_block * BLOCK_N, hk, 0], k_bars.index(k_slot),
                                     k_smem.index(k_slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=k_block < n_end)
-    tma.async_copy_global_to_shared(v_desc, [b, v_block * BLOCK_N, hk, 0], v_bars.index(v_slot),
+    _tma_load(v_desc, [b, v_block * BLOCK_N, hk, 0], v_bars.index(v_slot),
                                     v_smem.index(v_slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=v_block < n_end)
 
 
@@ -119,7 +126,7 @@ def _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end
     # refill those slots, K_{j+STAGES} a whole ring ahead, V_{j+STAGES-1} (needed one step later
     # than its K)
     _expect_kv(k_desc, v_desc, k_bars, v_bars, j + STAGES, j + STAGES - 1, n_end, STAGES)
-    gl.thread_barrier()
+    _cta_barrier()
     _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j + STAGES, j + STAGES - 1, n_end, b, hk,
              STAGES, BLOCK_N)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
@@ -215,7 +222,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     n_end = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, off_m, h, 0], q_bar, q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
+    _tma_load(q_desc, [b, off_m, h, 0], q_bar, q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
     for i in gl.static_range(STAGES):
         # K_0..K_{STAGES-1}, V_0..V_{STAGES-2}; the loop keeps the ring full from there
         _expect_kv(k_desc, v_desc, k_bars, v_bars, i, i if i < STAGES - 1 else n_end, n_end, STAGES)
@@ -257,10 +264,10 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
         offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         gl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < seqlen_q)
     # every warpgroup is past its last read of Q: its buffer takes the output tile
-    gl.thread_barrier()
+    _cta_barrier()
     q_smem.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, off_m, h, 0], q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
+    _tma_store(o_desc, [b, off_m, h, 0], q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
     tma.store_wait(pendings=0)
 
 
