@@ -26,8 +26,8 @@ Why this shape (Gluon gives the control plain Triton does not):
 * Key blocks that no mask touches run without the compare and select; only the blocks that
   cross the causal diagonal or the sequence end pay for them.
 
-Not done here (measured slower, ``bench/results/gluon_fwd.md``): FlashAttention-3's deeper order,
-S_{j+1} issued before the softmax of S_j. Written this way in Gluon 3.6 it compiles to 248
+Not done here (measured slower, ``bench/results/gluon_fwd.md``): a deeper look-ahead, S_{j+1}
+issued before the softmax of S_j. Written this way in Gluon 3.6 it compiles to 248
 registers and ptxas serialises the wgmma chain (warning C7514: accumulator registers read between
 the start and end of a pipeline stage).
 """
