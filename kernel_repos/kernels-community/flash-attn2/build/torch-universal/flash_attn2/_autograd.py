@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _torch_impl, _validate
+from . import _gluon_dispatch, _torch_impl, _validate
 
 _WARNED = set()
 _INF = float("inf")
@@ -76,11 +76,31 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
+    if q.is_cuda and _gluon_dispatch.MEASURED_FASTER and _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q,
+                                                                         seqused_k, opts):
+        from ._gluon_fwd import gluon_attention_forward
+
+        out, lse = gluon_attention_forward(q, k, v, softmax_scale=opts["softmax_scale"], causal=opts["causal"],
+                                           store_lse=store_lse)
+        return q, k, v, out, lse
     out, lse = _attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
         alibi_slopes=alibi_slopes, store_lse=store_lse, **opts,
     )
     return q, k, v, out, lse
+
+
+def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
+    """Whether this forward goes to the Gluon sm90 kernel (the rule: ``_gluon_dispatch``)."""
+    plain = (cu_seqlens_q is None and seqused_k is None and alibi_slopes is None and not opts["dropout_p"]
+             and not opts["softcap"] and tuple(opts["window_size"]) == (-1, -1))
+    if not (plain and _gluon_dispatch.gluon_available()):
+        return False
+    from ._gluon_fwd import supports
+
+    return _gluon_dispatch.wants_gluon(torch.cuda.get_device_capability(q.device), True, q.shape[-1],
+                                       opts["causal"], q.shape[1], plain, q.dtype == torch.bfloat16,
+                                       supports(q, k, v))
 
 
 _attention_forward = None

@@ -1,0 +1,72 @@
+"""When a forward call runs the Gluon kernel (``_gluon_fwd``) instead of the Triton one.
+
+Pure Python over plain values, so that CPU tests can walk the rule; importing this module
+imports neither Triton nor Gluon. The rule: an sm90 GPU, a Triton release the kernel was
+measured under (:data:`MEASURED_TRITON`) that ships ``triton.experimental.gluon``, a dense call without varlen, ``seqused_k``, window, softcap,
+ALiBi or dropout, bf16, and a (head_dim, causal) pair in :data:`MEASURED_FASTER` with
+at least its number of query tokens: where the Gluon forward measured correct and faster than
+the Triton forward on the H200 (``bench/gluon_fwd.py``; figures in ``bench/results/gluon_fwd.md``).
+Everything else, the interpreter included, keeps the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Optional, Tuple
+
+# (head_dim, causal) -> the fewest query tokens per sequence from which the Gluon forward
+# measured faster than the Triton forward on the H200 (three runs, 1k/4k/16k rows; Gluon over
+# Triton 1.07-1.14x at head_dim 128 non-causal, 1.02-1.25x at 256). head_dim 64 is absent:
+# 0.53-0.85x there. head_dim 128 causal at 1k was 0.98-1.00x, at 4k and 16k 1.03-1.07x.
+MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
+    (128, False): 0,
+    (128, True): 4096,
+    (256, False): 0,
+    (256, True): 0,
+}
+
+# Triton releases (major, minor) the Gluon forward was checked and timed under. Gluon is
+# experimental: names changed after 3.6 (the kernel follows them) and Triton 3.10 turns FP
+# fusion off by default, so another release keeps the Triton kernel until it is measured too.
+MEASURED_TRITON: frozenset = frozenset({(3, 6)})
+_GLUON_AVAILABLE: Optional[bool] = None
+
+
+def triton_version_tuple(version: str) -> Tuple[int, int]:
+    """``"3.6.0"`` / ``"3.7rc1"`` -> ``(3, 6)`` / ``(3, 7)``; ``(0, 0)`` if unreadable."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def gluon_available() -> bool:
+    """Whether this process's Triton is a release in :data:`MEASURED_TRITON` with Gluon's Hopper
+    API (cached)."""
+    global _GLUON_AVAILABLE
+    if _GLUON_AVAILABLE is None:
+        try:
+            import triton
+
+            if triton_version_tuple(triton.__version__) not in MEASURED_TRITON:
+                raise ImportError(triton.__version__)
+            from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
+            _GLUON_AVAILABLE = True
+        except ImportError:
+            _GLUON_AVAILABLE = False
+    return _GLUON_AVAILABLE
+
+
+def wants_gluon(capability: Optional[Tuple[int, int]], gluon_ok: bool, head_dim: int, causal: bool,
+                seqlen_q: int, plain: bool, bf16: bool, layout_ok: bool,
+                faster: Optional[Mapping[Tuple[int, bool], int]] = None) -> bool:
+    """The dispatch rule over plain facts about one forward call (see the module docstring).
+
+    ``capability`` is None off CUDA (the interpreter, the CPU); ``plain`` means dense with no
+    varlen, seqused_k, window, softcap, ALiBi or dropout; ``layout_ok`` is
+    ``_gluon_fwd.supports``'s answer; ``faster`` defaults to :data:`MEASURED_FASTER` as it is
+    at call time. Raises nothing.
+    """
+    if faster is None:
+        faster = MEASURED_FASTER
+    min_tokens = faster.get((head_dim, bool(causal)))
+    return (capability == (9, 0) and gluon_ok and plain and bf16 and layout_ok
+            and min_tokens is not None and seqlen_q >= min_tokens)

@@ -1,0 +1,331 @@
+"""Gluon forward kernel for Hopper (sm90): TMA loads, ``wgmma`` and a softmax that overlaps the
+previous block's P·V product.
+
+Entry point::
+
+    gluon_attention_forward(q, k, v, *, softmax_scale, causal, store_lse=True) -> (out, lse)
+
+dense q ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hk, D]`` (any 16-byte-aligned strides, unit stride along
+D) -> out like q, lse ``[B, Hq, Sq]`` fp32 natural-log (the layouts of ``_triton_fwd``, so the
+Triton backward consumes it unchanged). Causal masks are bottom-right aligned; rows that see no
+key get out 0 and lse +inf. :func:`supports` says which calls this kernel serves; everything
+else (varlen, windows, softcap, ALiBi, dropout, other head dims or dtypes) stays on the Triton
+kernel.
+
+Why this shape (Gluon gives the control plain Triton does not):
+
+* Q, K, V and O move through 4-D TMA descriptors over ``[B, S, H, D]``: the copy engine clips
+  and zero-fills at each sequence's end, so ragged lengths need no bounds arithmetic, and the
+  output tile goes back through the same engine from the shared buffer Q used.
+* K and V blocks stream through a ring of ``STAGES`` shared buffers with one mbarrier per K and
+  per V slot; K is loaded ``STAGES`` blocks ahead, V (needed one step later) ``STAGES - 1``.
+* Two warpgroups (8 warps) split the 128 query rows; in each step the warpgroup issues
+  ``S_j = Q K_j^T``, then ``O += P_{j-1} V_{j-1}``, waits only for S_j, computes the softmax of
+  block j while the tensor cores still run P·V, and only then waits for P·V and rescales O
+  (FlashAttention-3's intra-warpgroup overlap). P stays in registers as the A operand.
+* Key blocks that no mask touches run without the compare and select; only the blocks that
+  cross the causal diagonal or the sequence end pay for them.
+
+Not done here (measured slower, ``bench/results/gluon_fwd.md``): a deeper look-ahead, S_{j+1}
+issued before the softmax of S_j. Written this way in Gluon 3.6 it compiles to 248
+registers and ptxas serialises the wgmma chain (warning C7514: accumulator registers read between
+the start and end of a pipeline stage).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+
+# Triton 3.6 names the bulk copies async_copy_global_to_shared / async_copy_shared_to_global and
+# the CTA barrier thread_barrier; later releases call them async_load / async_store / barrier
+# (and make the old copy names raise)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+# head_dim -> (BLOCK_M, BLOCK_N, STAGES, num_warps); STAGES a power of two (Gluon's shared
+# layouts need one); shared memory: Q tile + STAGES x (K + V)
+# blocks in bf16 must stay under the 227 KB a Hopper block may take.
+TILES = {
+    64: (128, 128, 4, 8),
+    128: (128, 128, 2, 8),
+    256: (128, 64, 2, 8),
+}
+
+
+@gluon.jit
+def _expect_kv(k_desc, v_desc, k_bars, v_bars, k_block, v_block, n_end, STAGES: gl.constexpr):
+    """Arm the mbarriers of key block ``k_block`` and value block ``v_block`` (those < n_end).
+
+    Separate from the copies on purpose: Triton puts a CTA barrier between an mbarrier's expect
+    and the copy that signals it; arming before the barrier the loop needs anyway (the one that
+    frees the slots) saves a second barrier per step. Arming early is safe: every thread has
+    already waited for the phase before, and the new phase cannot complete before the copy.
+    """
+    mbarrier.expect(k_bars.index(k_block % STAGES), k_desc.block_type.nbytes, pred=k_block < n_end)
+    mbarrier.expect(v_bars.index(v_block % STAGES), v_desc.block_type.nbytes, pred=v_block < n_end)
+
+
+@gluon.jit
+def _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_block, v_block, n_end, b, hk,
+             STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Start the copies of key block ``k_block`` and value block ``v_block`` (those < n_end)."""
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    k_slot = k_block % STAGES
+    v_slot = v_block % STAGES
+    _tma_load(k_desc, [b, k_block * BLOCK_N, hk, 0], k_bars.index(k_slot),
+                                    k_smem.index(k_slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=k_block < n_end)
+    _tma_load(v_desc, [b, v_block * BLOCK_N, hk, 0], v_bars.index(v_slot),
+                                    v_smem.index(v_slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=v_block < n_end)
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online softmax of key block j's raw scores: (p, alpha, new row max, new row sum)."""
+    if MASK:
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        keep = offs_n[None, :] < seqlen_k
+        if CAUSAL:
+            offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + diag)
+        s = gl.where(keep, s, float("-inf"))
+    # the row max on raw scores: scale*log2(e) > 0 folds into the one multiply-add of exp2
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    if MASK:
+        # a row that has seen no key yet keeps m = -inf; subtract 0 there instead (no NaN)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    pf = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(pf, axis=1)
+    return pf, alpha, m_new, l_i
+
+
+@gluon.jit
+def _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
+                        STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    # Past this barrier both warpgroups are done with K_j (S_j waited) and V_{j-1} (P·V waited):
+    # refill those slots, K_{j+STAGES} a whole ring ahead, V_{j+STAGES-1} (needed one step later
+    # than its K)
+    _expect_kv(k_desc, v_desc, k_bars, v_bars, j + STAGES, j + STAGES - 1, n_end, STAGES)
+    _cta_barrier()
+    _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j + STAGES, j + STAGES - 1, n_end, b, hk,
+             STAGES, BLOCK_N)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
+    return acc, p
+
+
+@gluon.jit
+def _issue_qk(q_smem, k_smem, k_bars, j, s_layout: gl.constexpr, STAGES: gl.constexpr):
+    """Start S_j = Q K_j^T once K_j has landed."""
+    slot = j % STAGES
+    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    return warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
+                         gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _issue_pv(p, v_smem, v_bars, j, acc, STAGES: gl.constexpr):
+    """Start O += P_j V_j once V_j has landed."""
+    slot = j % STAGES
+    mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
+    return warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
+
+
+@gluon.jit
+def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+          acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
+          s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+          STAGES: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
+    """One key block j: S_j = Q K_j^T, then P_{j-1} V_{j-1} overlapping the softmax of S_j."""
+    s_tok = _issue_qk(q_smem, k_smem, k_bars, j, s_layout, STAGES)
+    if HAS_PREV:
+        acc = _issue_pv(p, v_smem, v_bars, j - 1, acc, STAGES)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    else:
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+    pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                     BLOCK_N, MASK, CAUSAL)
+    if HAS_PREV:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    acc, p = _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
+                                 STAGES, BLOCK_N)
+    return acc, p, m_new, l_i
+
+
+@gluon.jit
+def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+                    seqlen_q, seqlen_k, heads, group, qk_scale,
+                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                    num_warps: gl.constexpr):
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group
+    off_m = pid_m * BLOCK_M
+    diag = seqlen_k - seqlen_q  # bottom-right alignment: row m sees keys n <= m + diag
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    # key blocks [0, n_full) need no mask for any row of this tile; [n_full, n_end) do
+    if CAUSAL:
+        hi = gl.minimum(seqlen_k, off_m + BLOCK_M + diag)
+        n_full = gl.maximum(gl.minimum(seqlen_k, off_m + diag + 1), 0) // BLOCK_N
+    else:
+        hi = seqlen_k
+        n_full = seqlen_k // BLOCK_N
+    # at least one (fully masked) block, so that rows with no key still get their 0 / +inf
+    n_end = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    _tma_load(q_desc, [b, off_m, h, 0], q_bar, q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
+    for i in gl.static_range(STAGES):
+        # K_0..K_{STAGES-1}, V_0..V_{STAGES-2}; the loop keeps the ring full from there
+        _expect_kv(k_desc, v_desc, k_bars, v_bars, i, i if i < STAGES - 1 else n_end, n_end, STAGES)
+    for i in gl.static_range(STAGES):
+        _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, i if i < STAGES - 1 else n_end, n_end, b, hk,
+                 STAGES, BLOCK_N)
+    mbarrier.wait(q_bar, 0)
+
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+
+    # block 0 always masks (it may be the diagonal or the ragged end), and has no P·V before it
+    acc, p, m_i, l_i = _step(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                             acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M, BLOCK_N,
+                             HEAD_DIM, STAGES, True, CAUSAL, False)
+    for j in range(1, n_full):
+        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                 BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
+    for j in range(gl.maximum(n_full, 1), n_end):
+        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
+                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
+                                 BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
+    acc = _issue_pv(p, v_smem, v_bars, n_end - 1, acc, STAGES)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+    mbarrier.invalidate(q_bar)
+
+    empty = l_i == 0.0
+    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
+    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
+    if STORE_LSE:
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        gl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < seqlen_q)
+    # every warpgroup is past its last read of Q: its buffer takes the output tile
+    _cta_barrier()
+    q_smem.store(out.to(dtype))
+    fence_async_shared()
+    _tma_store(o_desc, [b, off_m, h, 0], q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
+    tma.store_wait(pendings=0)
+
+
+def tile_for(head_dim: int) -> Optional[Tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, STAGES, num_warps) for a head dim this kernel serves, else None."""
+    return TILES.get(head_dim)
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether dense q/k/v (``[B, S, H, D]``) meet this kernel's layout needs.
+
+    bf16 only (the dtype it was checked and timed in); the copy engine needs a non-empty tensor,
+    the base 16-byte aligned, unit stride along D and every other stride a multiple of 16 bytes.
+    Raises nothing.
+    """
+    if not (q.dtype == k.dtype == v.dtype == torch.bfloat16):
+        return False
+    if q.dim() != 4 or tile_for(q.shape[-1]) is None or 0 in q.shape or 0 in k.shape:
+        return False
+    for t in (q, k, v):
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _descriptor(t: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
+    block = [1, rows, 1, head_dim]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def gluon_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    store_lse: bool = True,
+    tile: Optional[Tuple[int, int, int, int]] = None,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
+
+    ``tile`` overrides :data:`TILES` (benchmarks). Raises what Triton raises on compile errors.
+    """
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = tile or TILES[head_dim]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
+    if batch == 0 or seqlen_q == 0:
+        return out, lse
+    grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
+    _gluon_attn_fwd[grid](
+        _descriptor(q, block_m, head_dim), _descriptor(k, block_n, head_dim), _descriptor(v, block_n, head_dim),
+        _descriptor(out, block_m, head_dim), lse if store_lse else out,
+        lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
+        seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
+        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, num_warps=warps,
+    )
+    return out, lse

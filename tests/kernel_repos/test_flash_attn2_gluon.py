@@ -1,0 +1,167 @@
+"""When the flash-attn2 forward runs the Gluon sm90 kernel, and that everything else keeps the
+Triton kernel.
+
+The Gluon kernel itself runs only on an sm90 GPU (``bench/gluon_fwd.py`` checks it there against
+an fp64 reference and times it); here the CPU walks the dispatch rule, the layout checks and the
+interpreter path, which must never reach the Gluon kernel, and compiles the kernel for sm90 with
+the installed Triton to see the Hopper instructions it is built on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flash_ref import PACKAGE_DIR, load_flash_attn2, reference, rel_err
+
+fa = load_flash_attn2()
+dispatch = importlib.import_module(fa.__name__ + "._gluon_dispatch")
+
+PLAIN = dict(capability=(9, 0), gluon_ok=True, head_dim=128, causal=False, seqlen_q=4096, plain=True, bf16=True,
+             layout_ok=True)
+
+
+def test_measured_pairs_run_gluon_on_sm90():
+    assert dispatch.wants_gluon(**PLAIN)
+    assert dispatch.wants_gluon(**{**PLAIN, "head_dim": 256, "causal": True, "seqlen_q": 1024})
+
+
+@pytest.mark.parametrize("change", [
+    dict(capability=(8, 0)), dict(capability=(8, 9)), dict(capability=(10, 0)), dict(capability=None),
+    dict(gluon_ok=False), dict(plain=False), dict(bf16=False), dict(layout_ok=False),
+    dict(head_dim=64), dict(head_dim=96), dict(head_dim=64, causal=True),
+], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_anything_else_keeps_the_triton_kernel(change):
+    assert not dispatch.wants_gluon(**{**PLAIN, **change})
+
+
+def test_causal_head_dim_128_needs_enough_query_tokens():
+    # measured 0.98-1.00x the Triton forward at 1k tokens, 1.03-1.07x from 4k
+    causal = {**PLAIN, "causal": True}
+    assert not dispatch.wants_gluon(**{**causal, "seqlen_q": 1024})
+    assert not dispatch.wants_gluon(**{**causal, "seqlen_q": 4095})
+    assert dispatch.wants_gluon(**{**causal, "seqlen_q": 4096})
+
+
+def test_an_empty_table_turns_gluon_off():
+    assert not dispatch.wants_gluon(**PLAIN, faster={})
+    assert dispatch.wants_gluon(**{**PLAIN, "head_dim": 64}, faster={(64, False): 0})
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("3.6.0", (3, 6)), ("3.5.1", (3, 5)), ("3.10.0+git1a2b", (3, 10)), ("4.0", (4, 0)), ("3.7rc1", (3, 7)),
+    ("nonsense", (0, 0)), ("", (0, 0)),
+])
+def test_triton_versions_are_read_as_major_minor(version, expected):
+    assert dispatch.triton_version_tuple(version) == expected
+
+
+def test_gluon_is_used_only_under_the_triton_release_it_was_measured_on(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    measured = dispatch.triton_version_tuple(triton.__version__) in dispatch.MEASURED_TRITON
+    assert dispatch.gluon_available() == measured
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    monkeypatch.setattr(dispatch, "MEASURED_TRITON", frozenset())
+    assert not dispatch.gluon_available()
+
+
+def _gluon_fwd():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    return importlib.import_module(fa.__name__ + "._gluon_fwd")
+
+
+def test_layout_checks_accept_flash_attn_and_transformers_layouts():
+    gf = _gluon_fwd()
+    q, k, v = (torch.randn(2, 300, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    assert gf.supports(q, k, v)
+    heads_first = torch.randn(2, 4, 300, 128, dtype=torch.bfloat16).transpose(1, 2)
+    assert gf.supports(heads_first, k, v)
+
+
+def test_layout_checks_refuse_what_the_copy_engine_cannot_read():
+    gf = _gluon_fwd()
+    q, k, v = (torch.randn(2, 300, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    assert not gf.supports(q.half(), k.half(), v.half())  # checked and timed in bf16 only
+    assert not gf.supports(q, k.half(), v)
+    odd = torch.randn(2, 300, 4, 136, dtype=torch.bfloat16)[..., :128]  # row stride 136*2 % 16 == 0
+    assert gf.supports(odd, k, v)
+    odd = torch.randn(2, 300, 4, 129, dtype=torch.bfloat16)[..., :128]  # 129*2 bytes: not 16-aligned
+    assert not gf.supports(odd, k, v)
+    assert not gf.supports(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous())
+    assert not gf.supports(q, k[:, :0], v[:, :0])  # no keys: the descriptor needs a non-empty tensor
+    strided = torch.randn(2, 300, 4, 256, dtype=torch.bfloat16)[..., ::2]
+    assert not gf.supports(strided, k, v)
+
+
+def test_interpreter_path_never_reaches_gluon(monkeypatch):
+    gf = _gluon_fwd()
+    calls = []
+    monkeypatch.setattr(gf, "gluon_attention_forward", lambda *a, **kw: calls.append(1))
+    # even with every pair "measured faster", CPU tensors (the interpreter) keep the Triton kernel
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER", {(d, c): 0 for d in (32, 64, 128, 256) for c in (False, True)})
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 20, 2, 32, dtype=torch.float16) for _ in range(3))
+    out = fa.flash_attn_func(q, k, v, causal=True)
+    assert calls == []
+    ref_out, _ = reference(q, k, v, causal=True)
+    assert rel_err(out, ref_out) < 3e-3
+
+
+
+# Compiles in a child process: this one runs Triton under TRITON_INTERPRET=1 (conftest), where
+# jit functions are interpreted and cannot be compiled for a GPU.
+_COMPILE_FOR_SM90 = """
+import importlib.util, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+package_dir, head_dim, causal = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+spec = importlib.util.spec_from_file_location("_fa2_sm90", package_dir + "/__init__.py",
+                                              submodule_search_locations=[package_dir])
+pkg = importlib.util.module_from_spec(spec)
+sys.modules["_fa2_sm90"] = pkg
+spec.loader.exec_module(pkg)
+import _fa2_sm90._gluon_fwd as gf
+
+block_m, block_n, stages, warps = gf.TILES[head_dim]
+
+
+def desc(rows):
+    block = [1, rows, 1, head_dim]
+    return f"tensordesc<bf16{block},{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
+
+
+fn = gf._gluon_attn_fwd
+names = list(fn.arg_names)
+types = dict(q_desc=desc(block_m), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(block_m),
+             lse_ptr="*fp32", qk_scale="fp32")
+constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, num_warps=warps)
+signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
+sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("head_dim, causal", [(128, False), (256, True)])
+def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, tmp_path):
+    _gluon_fwd()
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal))],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = done.stdout
+    # Q·K^T and P·V on the tensor cores' warpgroup path, every tile through the copy engine
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) >= 3 * (head_dim // 16)
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global", ptx)  # loads
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)  # the output tile
+    assert ".local" not in ptx  # nothing spilled to local memory at the PTX level
