@@ -918,7 +918,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from kernel_loader import warmup  # the verb lives with its code (kernel_loader/warmup.py)
 
-    warmup.add_cli(sub, common)
+    warmup.add_cli(sub, flags)
     return parser
 
 

@@ -246,9 +246,9 @@ def _numbers(text: str) -> list[int]:
         raise WarmupError(f"warmup: {text!r} must be comma-separated integers, e.g. 64,128") from None
 
 
-def add_cli(sub, common) -> None:
-    """Add the ``warmup`` verb to the ``kernel-loader`` parser (``sub``: its subparsers)."""
-    p = sub.add_parser("warmup", parents=[common],
+def add_cli(sub, flags) -> None:
+    """Add the ``warmup`` verb to the ``kernel-loader`` parser (``sub``: its subparsers; ``flags``: the global flags)."""
+    p = sub.add_parser("warmup", parents=[flags],
                        help="compile FlashAttention kernels into a folder that nodes of this GPU type read (TRITON_CACHE_DIR)")
     p.add_argument("ids", nargs="*", help="kernel ids (default: the shipped kernels-community/flash-attn2)")
     p.add_argument("--into", required=True, help="the folder to fill; jobs set TRITON_CACHE_DIR to it")
@@ -264,7 +264,6 @@ def add_cli(sub, common) -> None:
     p.add_argument("--decode-contexts", help="comma-separated KV-cache lengths for decode steps")
     p.add_argument("--decode-batch", type=int, help="rows per decode step (default: 32)")
     p.add_argument("--workers", type=int, default=1, help="processes compiling in parallel (default: 1)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_warmup)
 
 
