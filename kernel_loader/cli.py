@@ -42,69 +42,39 @@ def _print_json(data: Any) -> None:
 # -- download -------------------------------------------------------------------------------------
 
 
-def _download_ref(text: str, version: int | None, all_variants: bool, trust: bool) -> dict:
-    from kernel_loader.loader import resolve_kernel
+def _downloaded(res, what: str, cache_dir: Path | None) -> dict:
+    """One result row; a resolution that did not come from the Hub or the cache means nothing was fetched."""
+    if res.source == "bundled":
+        raise errors.OfflineKernelMissingError(
+            f"Could not download {what}: {res.notes[-1]}. Check HF_ENDPOINT / the network, then retry."
+        )
+    path = res.path
+    if len(res.fetched) > 1 or res.variant is None:  # --all-variants: the snapshot holding them
+        from kernel_loader import cache
+
+        path = cache.find_snapshot(res.repo_id, res.sha, cache_dir).path
+    variants = res.fetched or [res.variant]
+    return {"repo_id": res.repo_id, "source": res.source, "sha": res.sha, "variants": variants, "path": str(path)}
+
+
+def _download_ref(text: str, version: int | None, all_variants: bool, trust: bool, cache_dir: Path | None) -> dict:
     from kernel_loader.refs import KernelRef
-    from kernel_loader.resolver import Request, _pick_ref
-    from kernel_loader.sources import hub
-    from kernel_loader import cache, trust as trustmod
+    from kernel_loader.resolver import Request, resolve
 
-    ref = KernelRef.parse(text)
-    if not all_variants:
-        res = resolve_kernel(str(ref), version=version, trust_remote_code=trust)
-        if res.source == "bundled":
-            raise errors.OfflineKernelMissingError(
-                f"Could not download {text}: {res.notes[-1]}. Check HF_ENDPOINT / the network, then retry."
-            )
-        return {"repo_id": ref.repo_id, "source": res.source, "sha": res.sha, "variants": [res.variant], "path": str(res.path)}
-    trustmod.check_trust(ref.repo_id, trust)
-    try:
-        remote = hub.remote_repo(ref.repo_id)
-    except hub.HubUnreachable as exc:
-        raise errors.OfflineKernelMissingError(f"Cannot download {text}: the Hub is unreachable ({exc}).") from None
-    except hub.HubRepoMissing as exc:
-        raise errors.KernelNotFoundError(f"Cannot download {text}: {exc}.") from None
-    ref_name, sha = _pick_ref(Request(ref, version=version), remote.versions(), {**remote.tags, **remote.branches}, "on the Hub")
-    variants = hub.list_variants(ref.repo_id, remote.repo_type, sha)
-    if not variants:
-        raise errors.KernelNotFoundError(f"{text}: revision {ref_name} has no build/ variants.")
-    snapshot = hub.download_variants(ref.repo_id, remote.repo_type, ref_name, variants, cache.cache_root())
-    return {"repo_id": ref.repo_id, "source": "hub", "sha": snapshot.name, "variants": variants, "path": str(snapshot)}
+    req = Request(KernelRef.parse(text), version=version, trust_remote_code=trust, all_variants=all_variants, cache_dir=cache_dir)
+    return _downloaded(resolve(req), text, cache_dir)
 
 
-def _download_lock(lock_path: str, all_variants: bool) -> list[dict]:
-    from kernel_loader import cache, lockfile
-    from kernel_loader.machine import detect_machine
-    from kernel_loader.sources import hub
-    from kernel_loader.variants import select_variant
+def _download_lock(lock_path: str, all_variants: bool, cache_dir: Path | None) -> list[dict]:
+    from kernel_loader import locking, lockfile
+    from kernel_loader.resolver import resolve
 
     results = []
     for entry in lockfile.read_lock(lock_path):
-        try:
-            remote = hub.remote_repo(entry.repo_id)
-        except hub.HubUnreachable as exc:
-            raise errors.OfflineKernelMissingError(f"Cannot download {entry.repo_id}: the Hub is unreachable ({exc}).") from None
-        except hub.HubRepoMissing as exc:
-            raise errors.KernelNotFoundError(f"Cannot download {entry.repo_id}: {exc}.") from None
-        names = list(entry.variants) or hub.list_variants(entry.repo_id, remote.repo_type, entry.sha)
-        if all_variants:
-            wanted = names
-        else:
-            root = cache.cache_root()
-            chosen, decisions = select_variant(
-                names, detect_machine(), lambda v: hub.read_metadata(entry.repo_id, remote.repo_type, entry.sha, v, root)
-            )
-            if chosen is None:
-                raise errors.NoCompatibleVariantError(
-                    f"No locked variant of {entry.repo_id} fits this machine:\n" + "\n".join(d.line() for d in decisions),
-                    decisions,
-                )
-            wanted = [chosen]
-        snapshot = hub.download_variants(entry.repo_id, remote.repo_type, entry.sha, wanted, cache.cache_root())
-        for variant in wanted:
-            if variant in entry.variants and entry.variants[variant].get("hash"):
-                lockfile.verify_variant(snapshot / "build" / variant, entry.variants[variant], f"{entry.repo_id} {variant}", use_memo=False)
-        results.append({"repo_id": entry.repo_id, "source": "hub", "sha": entry.sha, "variants": wanted, "path": str(snapshot)})
+        # Listing a kernel in a lock file is the consent that trust_remote_code gives.
+        req = locking.locked_request(entry, Path(lock_path), all_variants=all_variants, cache_dir=cache_dir, trust_remote_code=True)
+        res = resolve(req)
+        results.append(_downloaded(res, f"{entry.repo_id}@{entry.sha[:12]}", cache_dir))
     return results
 
 
@@ -113,10 +83,11 @@ def cmd_download(args: argparse.Namespace) -> int:
         print("kernel-loader download: give kernel ids (org/name[@rev]) or --lock kernels.lock", file=sys.stderr)
         return EXIT_USAGE
     results = []
+    cache_dir = _cache_dir(args)
     if args.lock:
-        results += _download_lock(args.lock, args.all_variants)
+        results += _download_lock(args.lock, args.all_variants, cache_dir)
     for text in args.ids:
-        results.append(_download_ref(text, args.version, args.all_variants, args.trust_remote_code))
+        results.append(_download_ref(text, args.version, args.all_variants, args.trust_remote_code, cache_dir))
     if args.json:
         _print_json(results)
     else:
@@ -129,16 +100,21 @@ def cmd_download(args: argparse.Namespace) -> int:
 # -- lock -------------------------------------------------------------------------------------------
 
 
+def _cache_dir(args: argparse.Namespace) -> Path | None:
+    value = getattr(args, "sub_cache_dir", None) or getattr(args, "cache_dir", None)
+    return Path(value).expanduser() if value else None
+
+
 def cmd_lock(args: argparse.Namespace) -> int:
-    from kernel_loader import lockfile, trust
+    from kernel_loader import locking, lockfile
 
     project = Path(args.project)
     pyproject = project / "pyproject.toml" if project.is_dir() else project
     deps = lockfile.read_dependencies(pyproject)
-    entries = []
-    for repo_id, spec in deps.items():
-        trust.check_trust(repo_id, args.trust_remote_code)
-        entries.append(lockfile.lock_entry_from_hub(repo_id, spec))
+    entries = [
+        locking.lock_entry(repo_id, spec, cache_dir=_cache_dir(args), trust_remote_code=args.trust_remote_code)
+        for repo_id, spec in deps.items()
+    ]
     out = Path(args.output) if args.output else pyproject.parent / lockfile.LOCK_NAME
     lockfile.write_lock(entries, out, args.format)
     if args.json:

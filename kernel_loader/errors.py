@@ -75,3 +75,22 @@ class UnsupportedTransformersVersionError(KernelLoaderError, ImportError):
 
 class CacheNotWritableError(KernelLoaderError, PermissionError):
     """A download was needed but the kernel cache is read-only (e.g. a shared cluster cache)."""
+
+
+class SettingError(KernelLoaderError, ValueError):
+    """An environment variable read by kernel_loader holds a value it cannot use."""
+
+
+class KernelDownloadError(KernelLoaderError):
+    """A download started but did not complete: the server died or stalled, or a file arrived
+    truncated or with the wrong digest. Nothing half-done is ever used; the next call cleans up
+    and downloads again."""
+
+
+class CacheFullError(KernelDownloadError):
+    """The disk holding the kernel cache ran out of space during a download."""
+
+
+class CacheLockError(KernelLoaderError):
+    """The per-variant download lock in the cache could not be taken: another process held it past
+    ``KERNEL_LOADER_LOCK_TIMEOUT``, or the cache's filesystem has no working file locks."""

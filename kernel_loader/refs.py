@@ -161,3 +161,10 @@ def _diagnose(text: str) -> str:
     if rest.endswith(":"):
         return "the function name after ':' is empty"
     return "it contains characters that are not allowed (use letters, digits, '.', '_', '-')"
+
+
+def version_branch(name: str) -> int | None:
+    """``N`` for a ``vN`` version branch name (``"v2"`` -> 2), else None; the one place this is parsed."""
+    if len(name) > 1 and name[0] == "v" and name[1:].isdigit():
+        return int(name[1:])
+    return None
