@@ -1,0 +1,134 @@
+"""A cluster's path: many ranks, one shared cache, processes killed, servers dying or stalling.
+
+Everything talks real HTTP to the loopback Hub (olah), through tests/fault_proxy.py, which counts
+completed file transfers and breaks them on purpose. The stress version (``-m stress``) writes
+bench/results/cluster.md and cluster.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import kernel_loader
+from cluster_run import drill, expected_answer, kernel_repo_files, tree_state
+from fault_proxy import FaultProxy
+from kernel_loader import cache, loader
+from kernel_loader.errors import KernelDownloadError, OfflineKernelMissingError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def proxy(hub_server):
+    p = FaultProxy(int(hub_server.endpoint.rsplit(":", 1)[1])).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def fast_timeouts(monkeypatch):
+    for name, value in (("KERNEL_LOADER_READ_TIMEOUT", "1"), ("KERNEL_LOADER_CONNECT_TIMEOUT", "1"), ("KERNEL_LOADER_RETRIES", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KERNEL_LOADER_NO_BUNDLED", "1")
+
+
+def _drill_repo(hub_server, value=7):
+    repo_id = hub_server.new_repo_id("drill", org="test-org")
+    sha = hub_server.add_repo(repo_id, kernel_repo_files(value))
+    hub_server.create_branch(repo_id, "v1", sha)
+    return repo_id, sha
+
+
+def test_a_mirror_that_never_answers_fails_within_the_bound_naming_it(hub_env, fast_timeouts, monkeypatch):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held = []
+
+    def hold() -> None:  # accept, never answer
+        try:
+            while True:
+                held.append(listener.accept())
+        except OSError:
+            return
+
+    threading.Thread(target=hold, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    start = time.monotonic()
+    try:
+        with pytest.raises(OfflineKernelMissingError, match=endpoint.replace(".", r"\.")):
+            kernel_loader.get_kernel("test-org/never-answers", trust_remote_code=True)
+    finally:
+        listener.close()
+    # 2 tries of (connect 1 s + read 1 s + backoff) on the refs call of each repo type
+    assert time.monotonic() - start < 12
+
+
+def test_a_truncated_cached_file_is_fetched_again_not_imported(hub_env, hub_server):
+    repo_id, sha = _drill_repo(hub_server, 3)
+    kernel_loader.get_kernel(repo_id, version=1, trust_remote_code=True)
+    folder = cache.repo_folder(repo_id, "model", hub_env.cache_dir)
+    blob = (folder / "snapshots" / sha / "build/torch-universal/drill/m3.py").resolve()
+    blob.write_bytes(blob.read_bytes()[:10])  # a process died mid-copy, and the record is gone
+    cache.record_path(folder, sha, "torch-universal").unlink()
+    loader.clear_memo()
+    assert kernel_loader.get_kernel(repo_id, version=1, trust_remote_code=True).answer() == expected_answer(3)
+
+
+def test_eight_ranks_two_rounds_one_kill(hub_server, proxy, tmp_path):
+    figures = drill(hub_server, proxy, tmp_path, processes=8, rounds=2, plan=lambda r: (1 if r == 0 else 0, None), seed=1)
+    assert figures.kills == 1
+    assert (figures.failures, figures.duplicate_downloads, figures.partial_snapshots, figures.leftovers) == (0, 0, 0, 0), figures
+    assert figures.cache_writes_offline == 0
+
+
+@pytest.mark.stress
+def test_stress_32_ranks_20_rounds_with_kills_server_death_and_stalls(hub_server, proxy, tmp_path):
+    def plan(r):
+        fault = {3: "cut_file", 7: "stall_file", 11: "cut_file", 15: "stall_file", 18: "cut_file"}.get(r)
+        return (0 if fault else [0, 2, 4, 1][r % 4]), fault
+
+    figures = drill(hub_server, proxy, tmp_path, processes=32, rounds=20, plan=plan, seed=12)
+    _write_bench(figures)
+    assert (figures.failures, figures.duplicate_downloads, figures.partial_snapshots, figures.leftovers) == (0, 0, 0, 0), figures
+    assert figures.cache_writes_offline == 0
+
+
+def _write_bench(figures) -> None:
+    import huggingface_hub
+
+    out = REPO_ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    command = "KERNEL_LOADER_OLAH=... .venv/bin/python -m pytest -q -m stress tests/test_cluster.py"
+    data = {
+        "bench": "cluster", "date": time.strftime("%Y-%m-%d"), "command": command, "commit": commit,
+        "versions": {"python": platform.python_version(), "huggingface_hub": huggingface_hub.__version__, "cpus": os.cpu_count()},
+        **figures.to_json(),
+    }
+    (out / "cluster.json").write_text(json.dumps(data, indent=2) + "\n")
+    f = figures
+    (out / "cluster.md").write_text(
+        "# Cluster drill: concurrent cold starts into one shared cache\n\n"
+        f"Date {data['date']}, commit {commit}, huggingface_hub {huggingface_hub.__version__}, Python "
+        f"{platform.python_version()}, {os.cpu_count()} CPUs, loopback Hub (olah 0.5.4) behind a fault-injecting proxy.\n\n"
+        f"Command: `{command}`\n\n"
+        "Each round: a fresh 11-file kernel, an empty cache, every rank loads it at once (some rounds kill -9\n"
+        "random ranks at random moments, or the server dies / stalls mid-file), then a clean run and an\n"
+        "offline load (HF_HUB_OFFLINE=1) by every rank. Timeouts: connect 1 s, read 1 s, 1 retry.\n\n"
+        "| processes × rounds | kills | server deaths | stalls | cold-start fault errors (expected) | failures | duplicate downloads | partial snapshots | leftovers | offline cache writes | seconds |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| {f.processes} × {f.rounds} | {f.kills} | {f.faults['server_death']} | {f.faults['stall']} | {f.cold_fault_errors} | "
+        f"{f.failures} | {f.duplicate_downloads} | {f.partial_snapshots} | {f.leftovers} | {f.cache_writes_offline} | {f.seconds} |\n\n"
+        "No competitor is measured: the `kernels` package cannot read a model-type mirror (see DESIGN.md).\n"
+    )
