@@ -2,9 +2,10 @@
 
 ``FaultProxy(upstream_port).start()`` listens on 127.0.0.1; point ``HF_ENDPOINT`` at
 ``proxy.endpoint``. It forwards bytes both ways unchanged (huggingface_hub talks real HTTP to the
-real server behind it) and reads just enough of each exchange to know the request line and the
-response's ``Content-Length``, so it can count *completed* file transfers (``GET .../resolve/...``)
-per path and break them on purpose:
+real server behind it). Each request goes upstream on a connection of its own
+(``Connection: close``) and its response is read whole before it is passed on, so the proxy knows
+when a file transfer (``GET .../resolve/...``) completed, counts those per path, and can break
+them on purpose:
 
 * ``mode = "pass"``: forward everything;
 * ``"stall"``: accept connections and read requests but never answer (a hung mirror);
@@ -27,6 +28,7 @@ class FaultProxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.mode = "pass"
+        self.spare = 0  # file transfers let through untouched before a *_file fault starts
         self.completed: collections.Counter[str] = collections.Counter()  # path -> finished file transfers
         self.started: collections.Counter[str] = collections.Counter()  # path -> file GETs begun
         self._lock = threading.Lock()
@@ -58,6 +60,7 @@ class FaultProxy:
             self.completed.clear()
             self.started.clear()
             self._faulted.clear()
+        self.spare = 0
 
     def duplicates(self) -> int:
         """File transfers completed more than once (per path) since the last reset."""
@@ -76,117 +79,63 @@ class FaultProxy:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        if self.mode == "stall":
-            try:
-                while self._running and client.recv(65536):
-                    pass
-            except OSError:
-                pass
-            return
-        try:
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-        except OSError:
-            client.close()
-            return
-        self._sockets.append(upstream)
-        current: list[tuple[str, str]] = []  # requests sent, oldest first (no pipelining: one at a time)
-        threading.Thread(target=self._requests, args=(client, upstream, current), daemon=True).start()
-        self._responses(upstream, client, current)
-
-    def _requests(self, client: socket.socket, upstream: socket.socket, current: list) -> None:
+        """One client connection: each request goes upstream on its own connection, read whole."""
         buf = b""
         try:
             while True:
-                data = client.recv(65536)
-                if not data:
-                    break
-                buf += data
-                while b"\r\n\r\n" in buf:  # GET/HEAD carry no body
-                    head, buf = buf.split(b"\r\n\r\n", 1)
-                    method, path = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")[:2]
-                    current.append((method, path))
-                    if method == "GET" and "/resolve/" in path:
-                        with self._lock:
-                            self.started[path] += 1
-                upstream.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _close(upstream)
-
-    def _responses(self, upstream: socket.socket, client: socket.socket, current: list) -> None:
-        # Bytes are forwarded as they come; a copy is parsed only to see where each response and
-        # body ends. body_left: bytes of the current body still to come; CHUNKED: until the
-        # 0-size chunk; UNTIL_CLOSE: no length given (the server closes when done).
-        buf, body_left, request, end = b"", None, ("?", "?"), b"\r\n0\r\n\r\n"
-        try:
-            while True:
-                data = upstream.recv(65536)
-                if not data:
-                    break
-                buf += data
-                consumed_before = len(buf) - len(data)  # where this read starts in buf
-                while buf:
-                    if body_left is None:
-                        if b"\r\n\r\n" not in buf:
-                            break
-                        head, rest = buf.split(b"\r\n\r\n", 1)
-                        request = current.pop(0) if current else ("?", "?")
-                        length, chunked = None, False
-                        for line in head.split(b"\r\n")[1:]:
-                            name, _, value = line.partition(b":")
-                            name = name.strip().lower()
-                            if name == b"content-length":
-                                length = int(value.strip())
-                            elif name == b"transfer-encoding" and b"chunked" in value.lower():
-                                chunked = True
-                        status = head.split(b" ")[1] if b" " in head else b""
-                        no_body = request[0] == "HEAD" or status in (b"204", b"304")
-                        body_left = 0 if no_body else CHUNKED if chunked else length if length is not None else UNTIL_CLOSE
-                        is_file = request[0] == "GET" and "/resolve/" in request[1] and status in (b"200", b"206")
-                        if is_file and self.mode in ("stall_file", "cut_file") and body_left != 0:
-                            # part of the body the first time; a resumed request gets none of it
-                            with self._lock:
-                                first = request[1] not in self._faulted
-                                self._faulted.add(request[1])
-                            header_end = len(buf) - len(rest) - consumed_before
-                            send = max(header_end, 0) + (max(len(rest) // 2, 1) if first else 0)
-                            client.sendall(data[:send])
-                            if self.mode == "stall_file":
-                                while self._running and self.mode == "stall_file":
-                                    time.sleep(0.05)
-                            return
-                        buf = rest
-                        if body_left == CHUNKED and buf.startswith(end[2:]):
-                            buf = b"\r\n" + buf  # an empty chunked body
-                    if body_left == UNTIL_CLOSE:
-                        buf = b""
-                        break
-                    if body_left == CHUNKED:
-                        stop = buf.find(end)
-                        if stop < 0:
-                            buf = buf[-(len(end) - 1):]  # the terminator may straddle two reads
-                            break
-                        buf, body_left = buf[stop + len(end):], 0
-                    else:
-                        take = min(len(buf), body_left)
-                        buf, body_left = buf[take:], body_left - take
-                    if body_left == 0:
-                        if request[0] == "GET" and "/resolve/" in request[1]:
-                            with self._lock:
-                                self.completed[request[1]] += 1
-                        body_left = None
-                    else:
-                        break
-                client.sendall(data)
+                while b"\r\n\r\n" not in buf:  # GET/HEAD carry no body
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                if self.mode == "stall":
+                    while self._running and self.mode == "stall":
+                        time.sleep(0.05)
+                    return
+                method, path = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")[:2]
+                is_file = method == "GET" and "/resolve/" in path
+                lines = [l for l in head.split(b"\r\n") if not l.lower().startswith(b"connection:")]
+                request = b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n"
+                if is_file:
+                    with self._lock:
+                        self.started[path] += 1
+                response = _exchange(self.upstream_port, request)
+                with self._lock:
+                    spared = is_file and sum(self.completed.values()) < self.spare
+                if is_file and self.mode in ("stall_file", "cut_file") and not spared:
+                    with self._lock:
+                        first = path not in self._faulted
+                        self._faulted.add(path)
+                    header_end = response.find(b"\r\n\r\n") + 4
+                    body = len(response) - header_end
+                    client.sendall(response[: header_end + (body // 2 if first else 0)])
+                    while self.mode == "stall_file" and self._running:
+                        time.sleep(0.05)
+                    return  # cut: the connection closes mid-body
+                client.sendall(response)
+                if is_file:
+                    with self._lock:
+                        self.completed[path] += 1
         except OSError:
             pass
         finally:
             _close(client)
-            _close(upstream)
 
 
-CHUNKED, UNTIL_CLOSE = -1, -2
+def _exchange(port: int, request: bytes) -> bytes:
+    """Send one request upstream (``Connection: close``) and read the whole response."""
+    upstream = socket.create_connection(("127.0.0.1", port))
+    try:
+        upstream.sendall(request)
+        chunks = []
+        while True:
+            data = upstream.recv(65536)
+            if not data:
+                return b"".join(chunks)
+            chunks.append(data)
+    finally:
+        _close(upstream)
 
 
 def _close(sock: socket.socket) -> None:

@@ -74,6 +74,34 @@ def test_a_mirror_that_never_answers_fails_within_the_bound_naming_it(hub_env, f
     assert time.monotonic() - start < 12
 
 
+@pytest.mark.parametrize("fault, spare", [("stall_file", 0), ("cut_file", 0), ("cut_file", 4)])
+def test_a_download_broken_mid_file_is_our_error_and_the_next_call_heals(
+    hub_env, hub_server, proxy, fast_timeouts, monkeypatch, fault, spare
+):
+    repo_id, sha = _drill_repo(hub_server)
+    monkeypatch.setenv("HF_ENDPOINT", proxy.endpoint)
+    proxy.mode, proxy.spare = fault, spare
+    start = time.monotonic()
+    # spare 0: the file broken is metadata.json, read to pick the variant (the Hub "stopped
+    # answering" and nothing is cached); spare 4: the server dies in the middle of the package
+    expected = KernelDownloadError if spare else OfflineKernelMissingError
+    with pytest.raises(expected, match=proxy.endpoint.replace(".", r"\.")) as info:
+        kernel_loader.get_kernel(repo_id, version=1, trust_remote_code=True)
+    if spare:
+        assert "run the same call again" in str(info.value) and "files already fetched are kept" in str(info.value)
+    # huggingface_hub resumes a broken transfer 5 times (1 s apart), each bounded by the read timeout
+    assert time.monotonic() - start < 2 * 6 * (1 + 1) + 10
+    snapshot = cache.find_snapshot(repo_id, sha, hub_env.cache_dir)
+    assert snapshot is None or snapshot.variants() == []  # nothing half-done is visible
+    proxy.reset_counts()
+    proxy.mode = "pass"
+    loader.clear_memo()
+    assert kernel_loader.get_kernel(repo_id, version=1, trust_remote_code=True).answer() == expected_answer(7)
+    assert proxy.duplicates() == 0
+    folder = cache.repo_folder(repo_id, "model", hub_env.cache_dir)
+    assert not list((folder / "blobs").glob("*.incomplete"))  # the dead transfer's partial blob was cleaned
+
+
 def test_a_truncated_cached_file_is_fetched_again_not_imported(hub_env, hub_server):
     repo_id, sha = _drill_repo(hub_server, 3)
     kernel_loader.get_kernel(repo_id, version=1, trust_remote_code=True)
