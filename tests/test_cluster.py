@@ -7,8 +7,10 @@ bench/results/cluster.md and cluster.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import platform
 import socket
 import subprocess
@@ -160,3 +162,50 @@ def _write_bench(figures) -> None:
         f"{f.failures} | {f.duplicate_downloads} | {f.partial_snapshots} | {f.leftovers} | {f.cache_writes_offline} | {f.seconds} |\n\n"
         "No competitor is measured: the `kernels` package cannot read a model-type mirror (see DESIGN.md).\n"
     )
+
+
+RECIPE_MARK = "<!-- run-by: tests/test_cluster.py::test_the_cluster_recipe_as_written -->"
+
+
+def _recipe_blocks() -> list[list[str]]:
+    """The console commands of docs/cluster.md marked for this test, block by block."""
+    text = (REPO_ROOT / "docs" / "cluster.md").read_text()
+    blocks = []
+    for part in text.split(RECIPE_MARK)[1:]:
+        body = part.split("```console\n", 1)[1].split("```", 1)[0]
+        blocks.append([line[2:] for line in body.splitlines() if line.startswith("$ ")])
+    return blocks
+
+
+def test_the_cluster_recipe_as_written(hub_env, hub_server, tmp_path):
+    sha = hub_server.add_shipped_repo("kernels-community/flash-attn2", versions=(1,))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[tool.kernels.dependencies]\n"kernels-community/flash-attn2" = 1\n')
+    shared = tmp_path / "shared"
+    env = {k: v for k, v in os.environ.items() if k not in ("KERNEL_LOADER_CACHE", "HF_HUB_OFFLINE")}
+    env.update(SHARED=str(shared), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
+    prefetch, node = _recipe_blocks()
+
+    def run(line: str) -> str:
+        done = subprocess.run(["bash", "-c", line], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    for line in prefetch:
+        run(line)
+    folder = cache.repo_folder("kernels-community/flash-attn2", "model", shared)
+    assert {p.name: p.read_text() for p in (folder / "refs").iterdir()} == {"v1": sha, "main": sha}
+    # the nodes: no server, a read-only cache; root ignores modes, so the tree is compared too
+    subprocess.run(["chmod", "-R", "a-w", str(shared)], check=True)
+    before = tree_state(shared)
+    try:
+        with hub_server.offline():
+            outputs = [run(line).strip() for line in node]
+        after = tree_state(shared)
+        with pytest.raises(OSError) if os.geteuid() != 0 else contextlib.nullcontext():
+            (shared / "probe").mkdir()
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(shared)], check=True)
+    assert after == before
+    assert outputs[1:] == ["cache", "cache", sha]
