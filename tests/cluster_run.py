@@ -23,6 +23,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -145,6 +146,10 @@ class DrillFigures:
     cold_fault_errors: int = 0
     failures: int = 0
     duplicate_downloads: int = 0
+    #: duplicates in rounds where no rank was killed (a rank killed after a file arrived but
+    #: before huggingface_hub moved it into blobs/ makes the next rank fetch that file again)
+    duplicates_without_kill: int = 0
+    per_round: list = field(default_factory=list)
     partial_snapshots: int = 0
     leftovers: int = 0
     cache_writes_offline: int = 0
@@ -155,7 +160,7 @@ class DrillFigures:
         return asdict(self)
 
 
-def drill(hub_server, proxy, tmp: Path, processes: int, rounds: int, plan, seed: int = 0) -> DrillFigures:
+def drill(hub_server, proxy, tmp: Path, processes: int, rounds: int, plan, seed: int = 0, fault_window_s: float = 3.0) -> DrillFigures:
     """Run the rounds; ``plan(round) -> (kills, fault)`` with fault in (None, "cut_file", "stall_file")."""
     rng = random.Random(seed)
     env = {
@@ -180,6 +185,8 @@ def drill(hub_server, proxy, tmp: Path, processes: int, rounds: int, plan, seed:
             proxy.mode = fault or "pass"
             if fault:
                 figures.faults["server_death" if fault == "cut_file" else "stall"] += 1
+                # the server is broken for a while, then back: ranks still waiting then succeed
+                threading.Timer(fault_window_s, lambda: setattr(proxy, "mode", "pass")).start()
             answers, killed = ranks.run(cmd, kill=kills, rng=rng)
             proxy.mode = "pass"
             figures.kills += killed
@@ -200,8 +207,13 @@ def drill(hub_server, proxy, tmp: Path, processes: int, rounds: int, plan, seed:
                         figures.failure_samples.append((phase, r, a))
                 if offline and tree_state(root) != before:
                     figures.cache_writes_offline += 1
-            figures.duplicate_downloads += proxy.duplicates()
+            dups = proxy.duplicates()
+            figures.duplicate_downloads += dups
+            if not killed:
+                figures.duplicates_without_kill += dups
             partial, leftovers = audit(root, repo_id)
+            figures.per_round.append({"round": r, "kills": killed, "fault": fault, "duplicates": dups,
+                                      "partial": partial, "leftovers": leftovers})
             figures.partial_snapshots += partial
             figures.leftovers += leftovers
     finally:

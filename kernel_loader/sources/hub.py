@@ -118,41 +118,44 @@ def _install_timeouts(settings: HubSettings) -> None:
             _installed = wanted
             return
         if hasattr(_http, "set_client_factory"):  # huggingface_hub 1.x / 2.x: an httpx client
-            current = getattr(_http, "_GLOBAL_CLIENT_FACTORY", None)
-            if current is not None and current is not _http.default_client_factory and not getattr(current, "_kernel_loader", False):
-                logger.info("huggingface_hub has an application client factory; its timeouts apply")
-            else:
-                base = _http.default_client_factory
+            install, current, base = _http.set_client_factory, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory
+            defaults: tuple = (base,)
+            wrap = _httpx_with_timeouts
+        else:  # huggingface_hub 0.x: a requests session
+            import requests
 
-                def factory() -> Any:
-                    client = base()
-                    client.timeout = type(client.timeout)(settings.read_timeout, connect=settings.connect_timeout)
-                    return client
+            install, current = _http.configure_http_backend, "_GLOBAL_BACKEND_FACTORY"
+            base = getattr(_http, "_default_backend_factory", requests.Session)
+            defaults = (base, requests.Session, requests.session)
+            wrap = _requests_with_timeouts
+        now = getattr(_http, current, None)
+        if now is not None and now not in defaults and not getattr(now, "_kernel_loader", False):
+            logger.info("huggingface_hub has an application HTTP client factory; its timeouts apply")
+        else:
 
-                factory._kernel_loader = True  # type: ignore[attr-defined]
-                _http.set_client_factory(factory)
-        elif hasattr(_http, "configure_http_backend"):  # huggingface_hub 0.x: a requests session
-            current = getattr(_http, "_GLOBAL_BACKEND_FACTORY", None)
-            if current is not None and current is not _http._default_backend_factory and not getattr(current, "_kernel_loader", False):
-                logger.info("huggingface_hub has an application HTTP backend; its timeouts apply")
-            else:
-                base0 = _http._default_backend_factory
+            def factory() -> Any:
+                return wrap(base(), settings)
 
-                def backend() -> Any:
-                    session = base0()
-                    request = session.request
-
-                    def timed(method: str, url: str, **kwargs: Any) -> Any:
-                        if kwargs.get("timeout") is None:
-                            kwargs["timeout"] = (settings.connect_timeout, settings.read_timeout)
-                        return request(method, url, **kwargs)
-
-                    session.request = timed  # type: ignore[method-assign]
-                    return session
-
-                backend._kernel_loader = True  # type: ignore[attr-defined]
-                _http.configure_http_backend(backend)
+            factory._kernel_loader = True  # type: ignore[attr-defined]
+            install(factory)
         _installed = wanted
+
+
+def _httpx_with_timeouts(client: Any, settings: HubSettings) -> Any:
+    client.timeout = type(client.timeout)(settings.read_timeout, connect=settings.connect_timeout)
+    return client
+
+
+def _requests_with_timeouts(session: Any, settings: HubSettings) -> Any:
+    request = session.request
+
+    def timed(method: str, url: str, **kwargs: Any) -> Any:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = (settings.connect_timeout, settings.read_timeout)
+        return request(method, url, **kwargs)
+
+    session.request = timed
+    return session
 
 
 def _api(settings: HubSettings) -> Any:
