@@ -14,7 +14,6 @@ transit is tried again ``retries`` times, each retry logged. Every failure is ma
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import threading
 import time
