@@ -165,7 +165,9 @@ def drill(hub_server, proxy, tmp: Path, processes: int, rounds: int, plan, seed:
     rng = random.Random(seed)
     env = {
         **os.environ, "HF_ENDPOINT": proxy.endpoint, "KERNEL_LOADER_STATE_DIR": str(tmp / "state"),
-        "KERNEL_LOADER_READ_TIMEOUT": "1", "KERNEL_LOADER_CONNECT_TIMEOUT": "1", "KERNEL_LOADER_RETRIES": "1",
+        # 5 s: on two loaded cores a healthy answer can take over a second; a shorter read timeout
+        # makes huggingface_hub resume healthy transfers, which the proxy then counts twice
+        "KERNEL_LOADER_READ_TIMEOUT": "5", "KERNEL_LOADER_CONNECT_TIMEOUT": "2", "KERNEL_LOADER_RETRIES": "1",
         "KERNEL_LOADER_NO_BUNDLED": "1", "PYTHONPATH": os.pathsep.join(sys.path),
     }
     env.pop("HF_HUB_OFFLINE", None)
@@ -208,11 +210,12 @@ def drill(hub_server, proxy, tmp: Path, processes: int, rounds: int, plan, seed:
                 if offline and tree_state(root) != before:
                     figures.cache_writes_offline += 1
             dups = proxy.duplicates()
+            twice = sorted(p.rsplit("/", 1)[-1] for p, n in proxy.completed.items() if n > 1)
             figures.duplicate_downloads += dups
             if not killed:
                 figures.duplicates_without_kill += dups
             partial, leftovers = audit(root, repo_id)
-            figures.per_round.append({"round": r, "kills": killed, "fault": fault, "duplicates": dups,
+            figures.per_round.append({"round": r, "kills": killed, "fault": fault, "duplicates": dups, "fetched_twice": twice,
                                       "partial": partial, "leftovers": leftovers})
             figures.partial_snapshots += partial
             figures.leftovers += leftovers

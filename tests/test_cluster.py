@@ -141,7 +141,7 @@ def _write_bench(figures) -> None:
     out = REPO_ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
-    command = "KERNEL_LOADER_OLAH=... .venv/bin/python -m pytest -q -m stress tests/test_cluster.py"
+    command = "KERNEL_LOADER_OLAH=<olah-cli> python -m pytest -q -m stress tests/test_cluster.py"
     data = {
         "bench": "cluster", "date": time.strftime("%Y-%m-%d"), "command": command, "commit": commit,
         "versions": {"python": platform.python_version(), "huggingface_hub": huggingface_hub.__version__, "cpus": os.cpu_count()},
@@ -156,7 +156,7 @@ def _write_bench(figures) -> None:
         f"Command: `{command}`\n\n"
         "Each round: a fresh 11-file kernel, an empty cache, every rank loads it at once (some rounds kill -9\n"
         "random ranks at random moments, or the server dies / stalls mid-file), then a clean run and an\n"
-        "offline load (HF_HUB_OFFLINE=1) by every rank. Timeouts: connect 1 s, read 1 s, 1 retry.\n\n"
+        "offline load (HF_HUB_OFFLINE=1) by every rank. Timeouts: connect 2 s, read 5 s, 1 retry.\n\n"
         "| processes × rounds | kills | server deaths | stalls | cold-start fault errors (expected) | failures | duplicate downloads (rounds without a kill) | duplicate downloads (all) | partial snapshots | leftovers | offline cache writes | seconds |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         f"| {f.processes} × {f.rounds} | {f.kills} | {f.faults['server_death']} | {f.faults['stall']} | {f.cold_fault_errors} | "
@@ -164,7 +164,8 @@ def _write_bench(figures) -> None:
         f"{f.cache_writes_offline} | {f.seconds} |\n\n"
         "A duplicate in a round with a kill is the file a killed rank had fully received but not yet moved\n"
         "from its `.incomplete` name into `blobs/`: the next rank fetches it again. Server deaths and stalls\n"
-        "last 3 s; huggingface_hub's resumes and our retry ride most of them out.\n\n"
+        "last 3 s each; a rank that gives up during one must get the documented download error (counted in\n"
+        "the fault-errors column), every other rank rides it out through huggingface_hub's resumes and our retry.\n\n"
         "Per round (kills, fault, duplicates): "
         + ", ".join(f"{x['round']}: {x['kills']}/{x['fault'] or '-'}/{x['duplicates']}" for x in f.per_round) + "\n\n"
         "No competitor is measured: the `kernels` package cannot read a model-type mirror (see DESIGN.md).\n"
