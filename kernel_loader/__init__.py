@@ -39,6 +39,11 @@ _EXPORTS: dict[str, str] = {
     "KernelImportError": "kernel_loader.errors",
     "LockfileError": "kernel_loader.errors",
     "UnusableKernelError": "kernel_loader.errors",
+    "CacheNotWritableError": "kernel_loader.errors",
+    "CacheFullError": "kernel_loader.errors",
+    "CacheLockError": "kernel_loader.errors",
+    "KernelDownloadError": "kernel_loader.errors",
+    "SettingError": "kernel_loader.errors",
     # attention registry
     "AttentionInterface": "kernel_loader.attention",
     "AttentionMaskInterface": "kernel_loader.attention",

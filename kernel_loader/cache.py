@@ -3,17 +3,26 @@
 ``<cache>/<type>s--<org>--<name>/{refs/<revision>, snapshots/<sha>/build/<variant>/...}`` where
 ``<type>`` is ``kernel`` (the Hub's kernel repos) or ``model`` (mirrors, older repos). Reading
 a kernel from here never writes into the cache, so it can live on a shared read-only filesystem.
-Downloads go through huggingface_hub (see ``hub.py``), which keeps this layout.
+Downloads go through huggingface_hub (see ``publish.py``), which keeps this layout.
+
+A variant counts as present only when its completion record
+``<repo folder>/kernel-loader/<sha>/<variant>.json`` exists: it is written last, after every file
+arrived and matched the Hub's listing, so a reader never sees a half-downloaded variant (files in
+``snapshots/`` without a record are a download in progress or one that died).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 from typing import NamedTuple
 
 from kernel_loader import constants
+from kernel_loader.errors import KernelIntegrityError
+from kernel_loader.integrity import CompletionRecord, read_record
+from kernel_loader.refs import version_branch
 
 REPO_TYPES = ("kernel", "model")
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -35,6 +44,26 @@ def repo_folder(repo_id: str, repo_type: str, cache_dir: str | Path | None = Non
     return cache_root(cache_dir) / f"{repo_type}s--{org}--{name}"
 
 
+RECORDS = "kernel-loader"  # our folder inside a repo folder, beside huggingface_hub's
+
+
+def record_path(folder: Path, sha: str, variant: str) -> Path:
+    """Where the completion record of (repo folder, sha, variant) lives."""
+    return folder / RECORDS / sha / f"{variant}.json"
+
+
+def read_metadata(variant_dir: Path) -> dict | None:
+    """A variant's ``metadata.json`` as a dict; None when absent or not a JSON object.
+
+    The one reader of metadata.json files on disk (cache, shipped copies, local folders).
+    """
+    try:
+        value = json.loads((Path(variant_dir) / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 class CachedSnapshot(NamedTuple):
     """A commit of a repo present in the cache."""
 
@@ -47,16 +76,24 @@ class CachedSnapshot(NamedTuple):
     def build_dir(self) -> Path:
         return self.path / "build"
 
-    def variants(self) -> list[str]:
-        """Variants whose package was downloaded into this snapshot.
-
-        A folder holding only ``metadata.json`` (fetched to check GPU archs) does not count.
-        """
+    def record(self, variant: str) -> CompletionRecord | None:
+        """The variant's completion record, or None when it is absent, malformed or for another commit."""
         try:
-            folders = [p for p in self.build_dir.iterdir() if p.is_dir()]
+            rec = read_record(record_path(self.path.parent.parent, self.sha, variant))
+        except (OSError, KernelIntegrityError):
+            return None
+        if rec.sha != self.sha or rec.variant != variant or rec.repo_id != self.repo_id:
+            return None
+        return rec
+
+    def variants(self) -> list[str]:
+        """Variants completely downloaded into this snapshot (those with a completion record)."""
+        try:
+            folder = record_path(self.path.parent.parent, self.sha, "x").parent
+            names = [p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json")]
         except OSError:
             return []
-        return sorted(p.name for p in folders if (p / "__init__.py").is_file() or any(p.glob("*/__init__.py")))
+        return sorted(n for n in names if not n.startswith(".") and self.record(n) is not None)
 
 
 def _read_ref(folder: Path, revision: str) -> str | None:
@@ -104,11 +141,8 @@ def cached_refs(repo_id: str, cache_dir: str | Path | None = None) -> dict[str, 
 
 def cached_versions(repo_id: str, cache_dir: str | Path | None = None) -> dict[int, str]:
     """``vN`` branches recorded in the cache: ``{N: sha}``."""
-    versions = {}
-    for name, sha in cached_refs(repo_id, cache_dir).items():
-        if re.fullmatch(r"v\d+", name):
-            versions[int(name[1:])] = sha
-    return versions
+    refs = cached_refs(repo_id, cache_dir)
+    return {n: sha for name, sha in refs.items() if (n := version_branch(name)) is not None}
 
 
 class CachedRepo(NamedTuple):
@@ -193,6 +227,8 @@ def prune(cache_dir: str | Path | None = None, keep_shas: set[str] | None = None
             if sha not in live:
                 removed.append(repo.folder / "snapshots" / sha)
                 if not dry_run:
+                    # the record goes first: a variant is never listed while its files are going
+                    shutil.rmtree(repo.folder / RECORDS / sha, ignore_errors=True)
                     shutil.rmtree(repo.folder / "snapshots" / sha)
         blobs = repo.folder / "blobs"
         if not blobs.is_dir():

@@ -183,71 +183,41 @@ def _check_cache_dir(path: Path) -> None:
 # -- download -------------------------------------------------------------------------------------
 
 
-def _download_ref(text: str, version: int | None, all_variants: bool, trust: bool) -> dict:
-    from kernel_loader.loader import resolve_kernel
+def _downloaded(res, what: str, cache_dir: Path | None, version: int | None = None) -> dict:
+    """One result row; a resolution that did not come from the Hub or the cache means nothing was fetched."""
+    if res.source == "bundled":
+        from kernel_loader import constants
+
+        again = f"kernel-loader download {what}" + (f" --version {version}" if version is not None else "")
+        check = f" Run it with the Hub allowed: `{again}`" if constants.hf_offline() else " Check HF_ENDPOINT and the network, then retry."
+        raise errors.OfflineKernelMissingError(f"Could not download {what}: {res.fallback or res.notes[-1]}.{check}")
+    path = res.path
+    if len(res.fetched) > 1 or res.variant is None:  # --all-variants: the snapshot holding them
+        from kernel_loader import cache
+
+        path = cache.find_snapshot(res.repo_id, res.sha, cache_dir).path
+    variants = res.fetched or [res.variant]
+    return {"repo_id": res.repo_id, "source": res.source, "sha": res.sha, "variants": variants, "path": str(path)}
+
+
+def _download_ref(text: str, version: int | None, all_variants: bool, trust: bool, cache_dir: Path | None) -> dict:
     from kernel_loader.refs import KernelRef
-    from kernel_loader.resolver import Request, _pick_ref
-    from kernel_loader.sources import hub
-    from kernel_loader import cache, trust as trustmod
+    from kernel_loader.resolver import Request, resolve
 
-    ref = KernelRef.parse(text)
-    if not all_variants:
-        res = resolve_kernel(str(ref), version=version, trust_remote_code=trust)
-        if res.source == "bundled":
-            from kernel_loader import constants
-
-            again = f"kernel-loader download {text}" + (f" --version {version}" if version is not None else "")
-            check = f" Run it with the Hub allowed: `{again}`" if constants.hf_offline() else " Check HF_ENDPOINT and the network, then retry."
-            raise errors.OfflineKernelMissingError(f"Could not download {text}: {res.fallback or res.notes[-1]}.{check}")
-        return {"repo_id": ref.repo_id, "source": res.source, "sha": res.sha, "variants": [res.variant], "path": str(res.path)}
-    trustmod.check_trust(ref.repo_id, trust)
-    try:
-        remote = hub.remote_repo(ref.repo_id)
-    except hub.HubUnreachable as exc:
-        raise errors.OfflineKernelMissingError(f"Cannot download {text}: the Hub is unreachable ({exc}).") from None
-    except hub.HubRepoMissing as exc:
-        raise errors.KernelNotFoundError(f"Cannot download {text}: {exc}.") from None
-    ref_name, sha = _pick_ref(Request(ref, version=version), remote.versions(), {**remote.tags, **remote.branches}, "on the Hub")
-    variants = hub.list_variants(ref.repo_id, remote.repo_type, sha)
-    if not variants:
-        raise errors.KernelNotFoundError(f"{text}: revision {ref_name} has no build/ variants.")
-    snapshot = hub.download_variants(ref.repo_id, remote.repo_type, ref_name, variants, cache.cache_root())
-    return {"repo_id": ref.repo_id, "source": "hub", "sha": snapshot.name, "variants": variants, "path": str(snapshot)}
+    req = Request(KernelRef.parse(text), version=version, trust_remote_code=trust, all_variants=all_variants, cache_dir=cache_dir)
+    return _downloaded(resolve(req), text, cache_dir, version)
 
 
-def _download_lock(lock_path: str, all_variants: bool) -> list[dict]:
-    from kernel_loader import cache, lockfile
-    from kernel_loader.machine import detect_machine
-    from kernel_loader.sources import hub
-    from kernel_loader.variants import select_variant
+def _download_lock(lock_path: str, all_variants: bool, cache_dir: Path | None) -> list[dict]:
+    from kernel_loader import locking, lockfile
+    from kernel_loader.resolver import resolve
 
     results = []
     for entry in lockfile.read_lock(lock_path):
-        try:
-            remote = hub.remote_repo(entry.repo_id)
-        except hub.HubUnreachable as exc:
-            raise errors.OfflineKernelMissingError(f"Cannot download {entry.repo_id}: the Hub is unreachable ({exc}).") from None
-        except hub.HubRepoMissing as exc:
-            raise errors.KernelNotFoundError(f"Cannot download {entry.repo_id}: {exc}.") from None
-        names = list(entry.variants) or hub.list_variants(entry.repo_id, remote.repo_type, entry.sha)
-        if all_variants:
-            wanted = names
-        else:
-            root = cache.cache_root()
-            chosen, decisions = select_variant(
-                names, detect_machine(), lambda v: hub.read_metadata(entry.repo_id, remote.repo_type, entry.sha, v, root)
-            )
-            if chosen is None:
-                raise errors.NoCompatibleVariantError(
-                    f"No locked variant of {entry.repo_id} fits this machine:\n" + "\n".join(d.line() for d in decisions),
-                    decisions,
-                )
-            wanted = [chosen]
-        snapshot = hub.download_variants(entry.repo_id, remote.repo_type, entry.sha, wanted, cache.cache_root())
-        for variant in wanted:
-            if variant in entry.variants and entry.variants[variant].get("hash"):
-                lockfile.verify_variant(snapshot / "build" / variant, entry.variants[variant], f"{entry.repo_id} {variant}", use_memo=False)
-        results.append({"repo_id": entry.repo_id, "source": "hub", "sha": entry.sha, "variants": wanted, "path": str(snapshot)})
+        # Listing a kernel in a lock file is the consent that trust_remote_code gives.
+        req = locking.locked_request(entry, Path(lock_path), all_variants=all_variants, cache_dir=cache_dir, trust_remote_code=True)
+        res = resolve(req)
+        results.append(_downloaded(res, f"{entry.repo_id}@{entry.sha[:12]}", cache_dir))
     return results
 
 
@@ -275,11 +245,11 @@ def cmd_download(args: argparse.Namespace) -> int:
     # download never settles for the shipped copy (it says so in its error), so the warning
     # that the shipped copy is in use would only repeat the reason
     warnings.filterwarnings("ignore", message="Using the copy of .* shipped with kernel_loader")
-    locked = _download_lock(args.lock, args.all_variants) if args.lock else []
+    locked = _download_lock(args.lock, args.all_variants, _cache_dir(args)) if args.lock else []
     if not args.json:
         for r in locked:
             _show_download(r)
-    fetch = lambda t: _download_ref(t, args.version, args.all_variants, args.trust_remote_code)  # noqa: E731
+    fetch = lambda t: _download_ref(t, args.version, args.all_variants, args.trust_remote_code, _cache_dir(args))  # noqa: E731
     return _each(args, args.ids, fetch, _show_download, listed=True, done=locked)
 
 
@@ -299,7 +269,7 @@ def _cached_default_revision(repo_id: str, version: int | None, cache_dir: Path 
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from kernel_loader import lockfile, trust
+    from kernel_loader import locking, lockfile
 
     project = Path(args.project).expanduser()
     pyproject = project / "pyproject.toml" if project.is_dir() else project
@@ -309,10 +279,10 @@ def cmd_lock(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise errors.InvalidArgumentError(f"--output {out}: the folder {out.parent} does not exist; create it first (`mkdir -p {out.parent}`).")
     deps = lockfile.read_dependencies(pyproject)
-    entries = []
-    for repo_id, spec in deps.items():
-        trust.check_trust(repo_id, args.trust_remote_code)
-        entries.append(lockfile.lock_entry_from_hub(repo_id, spec))
+    entries = [
+        locking.lock_entry(repo_id, spec, cache_dir=_cache_dir(args), trust_remote_code=args.trust_remote_code)
+        for repo_id, spec in deps.items()
+    ]
     try:
         lockfile.write_lock(entries, out, args.format)
     except OSError as exc:
@@ -539,7 +509,7 @@ def _info(args: argparse.Namespace, text: str) -> dict:
     from kernel_loader.resolver import Request, _pick_ref
 
     ref_name, sha = _pick_ref(Request(ref, version=args.version), remote.versions(), {**remote.tags, **remote.branches}, f"on {constants.hf_endpoint()}")
-    names = hub.list_variants(ref.repo_id, remote.repo_type, sha)
+    names = hub.list_variants(ref.repo_id, remote.repo_type, sha, hub.HubSettings.from_env())
     build = _hub_metadata(ref.repo_id, remote.repo_type, sha, names)
     return {"repo_id": ref.repo_id, "revision": ref_name, "sha": sha, "origin": "hub", **_metadata_summary(build)}
 
@@ -549,7 +519,7 @@ def _remote_repo(repo_id: str):
     from kernel_loader.sources import hub
 
     try:
-        return hub.remote_repo(repo_id)
+        return hub.remote_repo(repo_id, hub.HubSettings.from_env())
     except hub.HubUnreachable as exc:
         raise errors.OfflineKernelMissingError(
             f"{repo_id}: the Hub is unreachable ({exc}); `kernel-loader cache ls` shows what is cached."
@@ -565,7 +535,8 @@ def _hub_metadata(repo_id: str, repo_type: str, sha: str, names: list[str]) -> d
     from kernel_loader.sources import hub
 
     with tempfile.TemporaryDirectory(prefix="kernel-loader-info-") as tmp:
-        return {n: hub.read_metadata(repo_id, repo_type, sha, n, Path(tmp)) for n in names}
+        settings = hub.HubSettings.from_env()
+        return {n: hub.read_metadata(repo_id, repo_type, sha, n, Path(tmp), settings) for n in names}
 
 
 def _info_cached(ref, args: argparse.Namespace) -> dict:
@@ -623,8 +594,9 @@ def _versions(args: argparse.Namespace, text: str) -> dict:
 
         source = "hub"
         remote = _remote_repo(ref.repo_id)
+        settings = hub.HubSettings.from_env()
         for number, sha in sorted(remote.versions().items()):
-            rows.append((number, sha, hub.list_variants(ref.repo_id, remote.repo_type, sha)))
+            rows.append((number, sha, hub.list_variants(ref.repo_id, remote.repo_type, sha, settings)))
     versions = []
     for number, sha, names in rows:
         usable = [d.variant for d in rank_variants(names, machine) if d.accepted]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kernel_loader.errors import SettingError
+
 #: Organisations whose kernels load without ``trust_remote_code=True``.
 DEFAULT_TRUSTED_ORGS: frozenset[str] = frozenset({"kernels-community"})
 
@@ -101,3 +103,63 @@ def cuda_visible_devices() -> str | None:
 def cuda_device_order() -> str | None:
     """``CUDA_DEVICE_ORDER`` (``PCI_BUS_ID`` makes CUDA number GPUs as the driver does)."""
     return os.environ.get("CUDA_DEVICE_ORDER")
+
+
+#: Seconds to wait for a Hub connection to open (``KERNEL_LOADER_CONNECT_TIMEOUT``).
+DEFAULT_CONNECT_TIMEOUT = 5.0
+#: Seconds a Hub connection may stay silent before the call fails (``KERNEL_LOADER_READ_TIMEOUT``).
+DEFAULT_READ_TIMEOUT = 10.0
+#: How many times a failed Hub call is tried again (``KERNEL_LOADER_RETRIES``).
+DEFAULT_RETRIES = 2
+#: Seconds a process waits for another one to finish downloading the same variant
+#: (``KERNEL_LOADER_LOCK_TIMEOUT``); long enough for a large build on a slow mirror.
+DEFAULT_LOCK_TIMEOUT = 600.0
+
+
+def _number(name: str, default: float, minimum: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a number; unset it or give one, e.g. {name}={default:g}") from None
+    if value < minimum:
+        raise SettingError(f"{name}={raw!r} must be at least {minimum:g}; unset it for the default {default:g}")
+    return value
+
+
+def connect_timeout() -> float:
+    """``KERNEL_LOADER_CONNECT_TIMEOUT`` (seconds, default 5): opening a connection to the Hub.
+
+    Raises:
+        SettingError: the variable is set to something that is not a positive number.
+    """
+    return _number("KERNEL_LOADER_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT, 0.01)
+
+
+def read_timeout() -> float:
+    """``KERNEL_LOADER_READ_TIMEOUT`` (seconds, default 10): the longest silence of a Hub answer.
+
+    Raises:
+        SettingError: the variable is set to something that is not a positive number.
+    """
+    return _number("KERNEL_LOADER_READ_TIMEOUT", DEFAULT_READ_TIMEOUT, 0.01)
+
+
+def retries() -> int:
+    """``KERNEL_LOADER_RETRIES`` (default 2): extra tries of a Hub call that failed in transit.
+
+    Raises:
+        SettingError: the variable is set to something that is not a whole number >= 0.
+    """
+    return int(_number("KERNEL_LOADER_RETRIES", DEFAULT_RETRIES, 0))
+
+
+def lock_timeout() -> float:
+    """``KERNEL_LOADER_LOCK_TIMEOUT`` (seconds, default 600): waiting for another process's download.
+
+    Raises:
+        SettingError: the variable is set to something that is not a positive number.
+    """
+    return _number("KERNEL_LOADER_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, 0.0)

@@ -128,15 +128,44 @@ EXIT_CODES: dict[int, tuple[tuple[str, ...], str]] = {
     1: (("KernelLoaderError", "KernelImportError", "UnusableKernelError", "UnknownAttentionBackendError",
          "UnsupportedAttentionOptionError", "UnsupportedTransformersVersionError"),
         "any other kernel_loader error (the kernel failed to import, exports nothing usable, ...)"),
-    2: (("UsageError", "InvalidKernelRefError", "InvalidArgumentError", "LockfileError"),
-        "bad usage: a malformed id, argument, flag, lock file or pyproject table"),
-    3: (("KernelNotFoundError", "OfflineKernelMissingError", "KernelFunctionNotFoundError"),
-        "the repo or revision is not found (or not cached while offline / the Hub is unreachable)"),
+    2: (("UsageError", "InvalidKernelRefError", "InvalidArgumentError", "LockfileError", "SettingError"),
+        "bad usage: a malformed id, argument, flag, lock file, pyproject table or setting"),
+    3: (("KernelNotFoundError", "OfflineKernelMissingError", "KernelFunctionNotFoundError", "KernelDownloadError"),
+        "the repo or revision is not found (or not cached while offline / the Hub is unreachable), "
+        "or a download broke off"),
     4: (("NoCompatibleVariantError",), "no build variant fits this machine"),
     5: (("KernelIntegrityError",), "files differ from the completion record or the lock"),
     6: (("UntrustedKernelError",), "the kernel's org is not trusted"),
     7: (("MissingDependencyError",), "the kernel needs Python packages that are not installed"),
-    8: (("CacheError", "CacheNotWritableError"), "the cache folder is not a folder, unreadable or read-only"),
+    8: (("CacheError", "CacheNotWritableError", "CacheFullError", "CacheLockError"),
+        "the cache folder is not a folder, unreadable, read-only, full, or its download lock cannot be taken"),
     70: (("InternalError",), "a bug in kernel_loader (please report it with the command line)"),
     130: ((), "interrupted (Ctrl-C)"),
 }
+
+
+class SettingError(KernelLoaderError, ValueError):
+    """An environment variable read by kernel_loader holds a value it cannot use."""
+
+    exit_code = 2
+
+
+class KernelDownloadError(KernelLoaderError):
+    """A download started but did not complete: the server died or stalled, or a file arrived
+    truncated or with the wrong digest. Nothing half-done is ever used; the next call cleans up
+    and downloads again."""
+
+    exit_code = 3
+
+
+class CacheFullError(KernelDownloadError):
+    """The disk holding the kernel cache ran out of space during a download."""
+
+    exit_code = 8
+
+
+class CacheLockError(KernelLoaderError):
+    """The per-variant download lock in the cache could not be taken: another process held it past
+    ``KERNEL_LOADER_LOCK_TIMEOUT``, or the cache's filesystem has no working file locks."""
+
+    exit_code = 8

@@ -86,12 +86,14 @@ def resolve_kernel(
     download: bool = True,
     machine: Machine | None = None,
     cache_dir: str | Path | None = None,
+    shipped: bool = True,
 ) -> Resolution:
     """Resolve a kernel id to a variant folder without importing it.
 
     ``repo_id`` may carry ``@revision``/``:function``; ``machine`` describes another host (the
     default is this one); ``download=False`` stops before fetching the variant's files (only
-    ``metadata.json`` files are fetched to check GPU archs).
+    ``metadata.json`` files are fetched to check GPU archs); ``shipped=False`` never answers
+    with the copy shipped with kernel_loader.
 
     Raises:
         InvalidKernelRefError, InvalidArgumentError, UntrustedKernelError, KernelNotFoundError,
@@ -110,8 +112,18 @@ def resolve_kernel(
         download=download,
         cache_dir=Path(cache_dir) if cache_dir is not None else None,
         machine=machine,
+        shipped=shipped,
     )
     return resolve(req)
+
+
+def import_resolution(res: Resolution) -> ModuleType:
+    """Import the variant a :func:`resolve_kernel` call chose (once per repo, sha and variant).
+
+    Raises:
+        KernelImportError: the kernel's package failed to import.
+    """
+    return _import(res)
 
 
 def get_kernel(
@@ -245,9 +257,11 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
     KernelRef.parse(repo_id)  # the id is checked before the lock file is looked for
     if lockfile is not None:
         check_path(lockfile, "lockfile")
+    from kernel_loader import locking
     from kernel_loader import lockfile as lockmod
 
-    res = lockmod.resolve_locked(repo_id, lockfile)
+    path, entry = lockmod.lock_for(repo_id, lockfile)
+    res = resolve(locking.locked_request(entry, path, download=False))
     module = _import(res)
     _remember(key, module)
     return module

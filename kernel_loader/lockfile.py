@@ -22,16 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernel_loader import cache, constants, hashing
-from kernel_loader.errors import (
-    KernelIntegrityError,
-    LockfileError,
-    NoCompatibleVariantError,
-    OfflineKernelMissingError,
-)
-from kernel_loader.machine import detect_machine
+from kernel_loader.errors import KernelIntegrityError, LockfileError
 from kernel_loader.refs import KernelRef
-from kernel_loader.resolution import Resolution
-from kernel_loader.variants import select_variant
 
 LOCK_NAME = "kernels.lock"
 
@@ -174,38 +166,6 @@ def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
     return deps
 
 
-def lock_entry_from_hub(repo_id: str, spec: int | str) -> LockEntry:
-    """Resolve one dependency on the Hub and hash every variant from the file listing (no download).
-
-    Raises:
-        KernelNotFoundError: the repo, version or revision does not exist.
-        OfflineKernelMissingError: the Hub cannot be reached.
-    """
-    from kernel_loader.errors import KernelNotFoundError
-    from kernel_loader.sources import hub
-
-    try:
-        remote = hub.remote_repo(repo_id)
-        if isinstance(spec, int):
-            sha = remote.versions().get(spec)
-            if sha is None:
-                have = ", ".join(f"v{v}" for v in sorted(remote.versions())) or "none"
-                raise KernelNotFoundError(f"{repo_id}: version {spec} not found on {constants.hf_endpoint()} (versions: {have}).")
-        else:
-            sha = {**remote.tags, **remote.branches}.get(spec) or (spec if cache.is_sha(spec) else None)
-            if sha is None:
-                raise KernelNotFoundError(f"{repo_id}: revision {spec!r} not found on {constants.hf_endpoint()}.")
-        entry = LockEntry(repo_id, sha, {}, spec if isinstance(spec, int) else None, spec if isinstance(spec, str) else None)
-        for variant in hub.list_variants(repo_id, remote.repo_type, sha):
-            files = hub.variant_file_digests(repo_id, remote.repo_type, sha, variant)
-            entry.variants[variant] = {"hash": hashing.combine(files), "hash_type": hashing.HASH_TYPE, "files": files}
-    except hub.HubUnreachable as exc:
-        raise OfflineKernelMissingError(f"Cannot lock {repo_id}: the Hub is unreachable ({exc}).") from None
-    except hub.HubRepoMissing as exc:
-        raise KernelNotFoundError(f"Cannot lock {repo_id}: {exc}.") from None
-    return entry
-
-
 # -- verification -------------------------------------------------------------------------------
 
 
@@ -275,7 +235,12 @@ def _refetch_advice(variant_dir: Path, what: str) -> str:
     return f"Re-fetch it with `kernel-loader download --force {repo_id}@{sha}`. "
 
 
-def _lock_for(repo_id: str, lockfile: str | Path | None) -> tuple[Path, LockEntry]:
+def lock_for(repo_id: str, lockfile: str | Path | None) -> tuple[Path, LockEntry]:
+    """The lock file (given, else the nearest ``kernels.lock``) and its entry for ``repo_id``.
+
+    Raises:
+        LockfileError: no lock file, or ``repo_id`` is not in it.
+    """
     path = Path(lockfile) if lockfile is not None else find_lockfile()
     if path is None:
         raise LockfileError(
@@ -286,86 +251,3 @@ def _lock_for(repo_id: str, lockfile: str | Path | None) -> tuple[Path, LockEntr
         if entry.repo_id == repo_id:
             return path, entry
     raise LockfileError(f"{repo_id} is not locked in {path}. Add it to pyproject.toml and run `kernel-loader lock`.")
-
-
-def _shipped_match(repo_id: str, entry: LockEntry, machine, res: Resolution) -> Resolution | None:
-    """The shipped copy, if one of its variants has exactly the locked content (hash-checked)."""
-    from kernel_loader.sources import bundled
-
-    root = bundled.bundled_repo(repo_id)
-    if root is None:
-        return None
-    names = [n for n in entry.variants if (root / "build" / n).is_dir() and entry.variants[n].get("hash")]
-    chosen, decisions = select_variant(names, machine, lambda v: _read_meta(root / "build" / v))
-    if chosen is None:
-        return None
-    expected = entry.variants[chosen]
-    if hashing.hash_folder(root / "build" / chosen, expected.get("files") or {})[0] != expected["hash"]:
-        return None
-    res.source, res.variant, res.path, res.decisions = "bundled", chosen, root / "build" / chosen, decisions
-    res.notes.append("not in the cache; the shipped copy has exactly the locked files (hash checked)")
-    res.fallback = "the cache lacks the locked sha"
-    res.notes.append("lock pinned: no network call")
-    bundled.warn_bundled(repo_id, f"it matches the hash locked in {res.lockfile} and the cache lacks it")
-    return res
-
-
-def _read_meta(path: Path) -> dict | None:
-    try:
-        value = json.loads((path / "metadata.json").read_text())
-        return value if isinstance(value, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
-def resolve_locked(repo_id: str, lockfile: str | Path | None = None, machine=None) -> Resolution:
-    """Resolve a lock-pinned kernel from the cache (no network call), verified against the lock.
-
-    Raises:
-        LockfileError, OfflineKernelMissingError, NoCompatibleVariantError, KernelIntegrityError:
-            see :func:`kernel_loader.loader.load_kernel`.
-    """
-    path, entry = _lock_for(repo_id, lockfile)
-    machine = machine or detect_machine()
-    res = Resolution(repo_id, "cache", repo_id, entry.revision, entry.sha, None, None, version=entry.version)
-    res.machine, res.lockfile, res.resolved_revision = machine, str(path), entry.revision
-    snapshot = cache.find_snapshot(repo_id, entry.sha)
-    cached = snapshot.variants() if snapshot else []
-    locked = list(entry.variants) or cached
-    chosen_all, decisions = select_variant(locked, machine, None)
-    usable = [d.variant for d in decisions if d.accepted and d.variant in cached]
-
-    def meta(v: str) -> dict | None:
-        try:
-            return json.loads((snapshot.build_dir / v / "metadata.json").read_text())  # type: ignore[union-attr]
-        except (OSError, ValueError):
-            return None
-
-    chosen, decisions = select_variant(usable, machine, meta) if usable else (None, decisions)
-    res.decisions = decisions
-    fetch = f"`kernel-loader download --lock {path}`"
-    if chosen is None:
-        shipped = _shipped_match(repo_id, entry, machine, res) if chosen_all is not None else None
-        if shipped is not None:
-            return shipped
-        if chosen_all is not None:
-            raise OfflineKernelMissingError(
-                f"{repo_id}@{entry.sha[:12]} (locked in {path}): variant {chosen_all} is not in the cache "
-                f"{cache.cache_root()}. Fetch it with {fetch}; load_kernel never uses the network."
-            )
-        raise NoCompatibleVariantError(
-            f"No locked variant of {repo_id}@{entry.sha[:12]} fits this machine ({machine.describe()}):\n"
-            + "\n".join(d.line() for d in decisions)
-            + f"\nSee `kernel-loader explain {repo_id}`.",
-            decisions,
-        )
-    assert snapshot is not None
-    res.variant, res.path = chosen, snapshot.build_dir / chosen
-    expected = entry.variants.get(chosen)
-    if expected and expected.get("hash"):
-        outcome = verify_variant(res.path, expected, f"{repo_id}@{entry.sha[:12]} variant {chosen}")
-        res.notes.append(f"files match the lock ({outcome})")
-    else:
-        res.notes.append("the lock records no content hash for this variant (kernels 0.17 format): sha pinned only")
-    res.notes.append("lock pinned: no network call")
-    return res

@@ -224,3 +224,10 @@ def check_path(value: object, name: str) -> None:
 
     if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value):
         raise InvalidArgumentError(f"{name}={value!r} is not a path: give a non-empty str or pathlib.Path")
+
+
+def version_branch(name: str) -> int | None:
+    """``N`` for a ``vN`` version branch name (``"v2"`` -> 2), else None; the one place this is parsed."""
+    if len(name) > 1 and name[0] == "v" and name[1:].isdigit():
+        return int(name[1:])
+    return None

@@ -60,6 +60,10 @@ class Resolution:
     lockfile: str | None = None
     #: why a fallback route was taken (Hub unreachable or not asked, shipped copy); None otherwise
     fallback: str | None = None
+    #: variants this resolution downloaded and published (empty: nothing was fetched)
+    fetched: list[str] = field(default_factory=list)
+    #: the Hub repo type (``kernel`` or ``model``) for Hub and cache sources
+    repo_type: str | None = None
 
     @property
     def rejected(self) -> list[VariantDecision]:
@@ -112,6 +116,8 @@ class Resolution:
             "module_name": self.module_name,
             "lockfile": self.lockfile,
             "fallback": self.fallback,
+            "fetched": list(self.fetched),
+            "repo_type": self.repo_type,
             "machine": machine,
             "decisions": [d.to_json() for d in self.decisions],
             "notes": list(self.notes),

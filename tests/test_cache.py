@@ -8,17 +8,8 @@ import pytest
 import kernel_loader
 from kernel_loader import cache, loader
 from kernel_loader.errors import CacheNotWritableError
+from cluster_run import tree_state as _tree_state
 from test_loader import SHA1, kernel_files, make_cache
-
-
-def _tree_state(root):
-    state = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            st = os.lstat(path)
-            state[path] = (st.st_mtime_ns, st.st_size, st.st_mode)
-    return state
 
 
 def test_snapshot_lookup_refs_and_versions(tmp_path):

@@ -32,3 +32,22 @@ def test_flags_endpoint_and_orgs(monkeypatch):
     assert constants.backend_override() == "cpu"
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     assert constants.hf_token() == "hf_x"
+
+
+def test_timeouts_retries_and_lock_wait(monkeypatch):
+    import pytest
+
+    from kernel_loader.errors import SettingError
+
+    for name in ("KERNEL_LOADER_CONNECT_TIMEOUT", "KERNEL_LOADER_READ_TIMEOUT", "KERNEL_LOADER_RETRIES", "KERNEL_LOADER_LOCK_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    assert (constants.connect_timeout(), constants.read_timeout(), constants.retries(), constants.lock_timeout()) == (5.0, 10.0, 2, 600.0)
+    monkeypatch.setenv("KERNEL_LOADER_READ_TIMEOUT", "2.5")
+    monkeypatch.setenv("KERNEL_LOADER_RETRIES", "0")
+    assert (constants.read_timeout(), constants.retries()) == (2.5, 0)
+    monkeypatch.setenv("KERNEL_LOADER_CONNECT_TIMEOUT", "soon")
+    with pytest.raises(SettingError, match="KERNEL_LOADER_CONNECT_TIMEOUT='soon' is not a number"):
+        constants.connect_timeout()
+    monkeypatch.setenv("KERNEL_LOADER_READ_TIMEOUT", "0")
+    with pytest.raises(SettingError, match="at least"):
+        constants.read_timeout()

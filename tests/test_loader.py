@@ -70,10 +70,21 @@ def make_repo(root: Path, variants: dict[str, dict[str, str]]) -> Path:
 
 
 def make_cache(cache: Path, repo_id: str, sha: str, variants, refs=(), repo_type="model") -> Path:
-    """A Hugging Face cache entry, as huggingface_hub would leave it."""
+    """A Hugging Face cache entry as a complete download leaves it: files, refs, completion records."""
+    import hashlib
+
     org, name = repo_id.split("/")
     folder = cache / f"{repo_type}s--{org}--{name}"
-    make_repo(folder / "snapshots" / sha, variants)
+    snapshot = make_repo(folder / "snapshots" / sha, variants)
+    for variant in variants:
+        files = {
+            p.relative_to(snapshot).as_posix(): {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+            for p in (snapshot / "build" / variant).rglob("*") if p.is_file()
+        }
+        record = {"format": 1, "repo_id": repo_id, "sha": sha, "variant": variant, "files": files,
+                  "variants": sorted(variants), "refs": {r: sha for r in refs}}
+        (folder / "kernel-loader" / sha).mkdir(parents=True, exist_ok=True)
+        (folder / "kernel-loader" / sha / f"{variant}.json").write_text(json.dumps(record))
     for ref in refs:
         (folder / "refs").mkdir(parents=True, exist_ok=True)
         (folder / "refs" / ref).write_text(sha)

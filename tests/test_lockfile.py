@@ -6,7 +6,8 @@ import json
 import pytest
 
 import kernel_loader
-from kernel_loader import cli, hashing, loader, lockfile
+from kernel_loader import cli, hashing, loader, locking, lockfile
+from kernel_loader.resolver import resolve
 from kernel_loader.errors import KernelIntegrityError, LockfileError, OfflineKernelMissingError
 from test_loader import OTHER, fresh_memo, kernel_files, two_variant_files  # noqa: F401 (fixture)
 
@@ -98,24 +99,30 @@ def test_bad_locks_and_pyprojects(tmp_path):
         lockfile.read_dependencies(py)
 
 
+def _resolve_locked(repo_id, lock_path):
+    """What load_kernel resolves for a lock-pinned kernel (no network call)."""
+    path, entry = lockfile.lock_for(repo_id, lock_path)
+    return resolve(locking.locked_request(entry, path, download=False))
+
+
 def test_shipped_copy_serves_a_lock_when_its_files_match(hub_env, hub_server, tmp_path, monkeypatch):
     from kernel_loader.sources import bundled
 
     sha = hub_server.add_shipped_repo("kernels-community/flash-attn2", versions=(1,))
-    entry = lockfile.lock_entry_from_hub("kernels-community/flash-attn2", 1)
+    entry = locking.lock_entry("kernels-community/flash-attn2", 1)
     assert entry.sha == sha
     lock_path = lockfile.write_lock([entry], tmp_path / "kernels.lock")
     monkeypatch.setattr(bundled, "_warned", set())
     with pytest.warns(bundled.BundledKernelWarning, match="matches the hash locked"):
-        res = lockfile.resolve_locked("kernels-community/flash-attn2", lock_path)  # empty cache
+        res = _resolve_locked("kernels-community/flash-attn2", lock_path)  # empty cache
     assert res.source == "bundled" and res.sha == sha and res.variant == "torch-universal"
     # a lock whose hash differs from the shipped files is not served by the shipped copy
     entry.variants["torch-universal"]["hash"] = "sha256-" + "0" * 64
     lockfile.write_lock([entry], lock_path)
     with pytest.raises(OfflineKernelMissingError, match="kernel-loader download --lock"):
-        lockfile.resolve_locked("kernels-community/flash-attn2", lock_path)
+        _resolve_locked("kernels-community/flash-attn2", lock_path)
     monkeypatch.setenv("KERNEL_LOADER_NO_BUNDLED", "1")
-    entry = lockfile.lock_entry_from_hub("kernels-community/flash-attn2", 1)
+    entry = locking.lock_entry("kernels-community/flash-attn2", 1)
     lockfile.write_lock([entry], lock_path)
     with pytest.raises(OfflineKernelMissingError):
-        lockfile.resolve_locked("kernels-community/flash-attn2", lock_path)
+        _resolve_locked("kernels-community/flash-attn2", lock_path)

@@ -137,27 +137,21 @@ def _try_package(opt: _Option) -> tuple[ModuleType | None, str]:
 
 
 def _try_hub(opt: _Option) -> tuple[ModuleType | None, str]:
-    from kernel_loader.loader import get_kernel
+    from kernel_loader.loader import import_resolution, resolve_kernel
 
     repo = opt.targets[0]
     try:
-        module = get_kernel(repo)
+        # The shipped copy is the chain's own last step, so this step never answers with it.
+        res = resolve_kernel(repo, shipped=False)
+        module = import_resolution(res)
     except KernelLoaderError as exc:
         return None, _first_line(exc)
     except Exception as exc:  # a network or import failure is a reason to fall back, not a crash
         return None, f"loading failed unexpectedly ({_first_line(exc)})"
-    res = getattr(module, "__kernel_resolution__", None)
-    source = getattr(res, "source", None)
-    if source == "bundled":
-        notes = "; ".join(getattr(res, "notes", []) or []) or "the Hub copy is not available"
-        return None, f"not available from the Hub or the cache ({notes})"
     if getattr(module, "flash_attn_varlen_func", None) is None:
         return None, f"loaded, but {repo} exports no flash_attn_varlen_func"
-    where = f"{source or 'hub'}"
-    sha = getattr(res, "sha", None)
-    variant = getattr(res, "variant", None)
-    detail = ", ".join(x for x in (f"sha {sha[:12]}" if sha else "", f"variant {variant}" if variant else "") if x)
-    return module, f"loaded from {where}" + (f" ({detail})" if detail else "")
+    detail = ", ".join(x for x in (f"sha {res.sha[:12]}" if res.sha else "", f"variant {res.variant}" if res.variant else "") if x)
+    return module, f"loaded from {res.source}" + (f" ({detail})" if detail else "")
 
 
 def _try_shipped(opt: _Option) -> tuple[ModuleType | None, str]:

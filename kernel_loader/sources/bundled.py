@@ -8,7 +8,6 @@ Using one is never silent: :func:`warn_bundled` warns once per repo.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -61,10 +60,12 @@ def bundled_repo_ids() -> list[str]:
 
 def bundled_version(variant_dir: Path) -> int | None:
     """The ``version`` recorded in a shipped variant's ``metadata.json`` (None if absent)."""
+    from kernel_loader.cache import read_metadata
+
+    value = (read_metadata(variant_dir) or {}).get("version")
     try:
-        value = json.loads((variant_dir / "metadata.json").read_text()).get("version")
         return int(value) if value is not None else None
-    except (OSError, ValueError, TypeError):
+    except (ValueError, TypeError):
         return None
 
 

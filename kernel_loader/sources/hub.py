@@ -1,31 +1,71 @@
 """Talking to the Hub (or a mirror) through huggingface_hub's public API.
 
-Every call passes ``endpoint=`` and ``token=`` from :mod:`kernel_loader.constants`, because
-huggingface_hub reads ``HF_ENDPOINT`` only once, at import. Repo type ``kernel`` is tried first,
-then ``model`` (mirrors such as olah serve only ``model``; they answer 401/404 for kernels).
-Downloads land in the cache in huggingface_hub's layout and show its progress bars.
+Every call gets a :class:`HubSettings` (endpoint, token, timeouts, retries) from the request,
+because huggingface_hub reads ``HF_ENDPOINT`` only once, at import. Repo type ``kernel`` is tried
+first, then ``model`` (mirrors such as olah serve only ``model``; they answer 401/404 for kernels).
+
+Time is bounded: huggingface_hub's shared HTTP client is given connect/read timeouts
+(its default client waits forever), file transfers use the read timeout, and a call that fails in
+transit is tried again ``retries`` times, each retry logged. Every failure is mapped in
+:func:`_classify`, the one place that turns huggingface_hub / HTTP / OS errors into
+:class:`HubUnreachable`, :class:`HubRepoMissing` or the project's cache errors.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
+import threading
+import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from kernel_loader import constants
+from kernel_loader.refs import version_branch
 
 logger = logging.getLogger("kernel_loader")
 
 REPO_TYPES = ("kernel", "model")
+T = TypeVar("T")
 
 
 class HubUnreachable(Exception):
-    """The Hub could not be reached (connection refused, DNS, timeout, offline mode)."""
+    """The Hub could not be reached, stalled or died (connection refused, DNS, timeout, offline mode)."""
 
 
 class HubRepoMissing(Exception):
-    """The Hub answered, but has no such repo (for any repo type)."""
+    """The Hub answered, but has no such repo, revision or file (for any repo type)."""
+
+
+class HubSettings(NamedTuple):
+    """Where the Hub is and how long to wait for it; travels in the resolver's request."""
+
+    endpoint: str
+    token: str | None
+    connect_timeout: float
+    read_timeout: float
+    retries: int
+    offline: bool = False
+
+    @classmethod
+    def from_env(cls) -> "HubSettings":
+        """The settings :mod:`kernel_loader.constants` reads from the environment.
+
+        Raises:
+            SettingError: a timeout or retry variable holds an unusable value.
+        """
+        return cls(
+            constants.hf_endpoint(),
+            constants.hf_token(),
+            constants.connect_timeout(),
+            constants.read_timeout(),
+            constants.retries(),
+            constants.hf_offline(),
+        )
+
+    def bound_s(self) -> float:
+        """The longest one Hub call can take before it is reported, retries included."""
+        return (self.retries + 1) * (self.connect_timeout + self.read_timeout + 1.0)
 
 
 class RemoteRepo(NamedTuple):
@@ -38,44 +78,129 @@ class RemoteRepo(NamedTuple):
 
     def versions(self) -> dict[int, str]:
         """``vN`` branches: ``{N: sha}``."""
-        out = {}
-        for name, sha in self.branches.items():
-            if len(name) > 1 and name[0] == "v" and name[1:].isdigit():
-                out[int(name[1:])] = sha
-        return out
+        return {n: sha for name, sha in self.branches.items() if (n := version_branch(name)) is not None}
 
 
-def _api() -> Any:
+class RemoteFile(NamedTuple):
+    """One file of a variant as the Hub lists it: size, LFS sha256 (None for a plain git file), git blob id."""
+
+    path: str  # relative to the repo root
+    size: int
+    lfs_sha256: str | None
+    blob_id: str
+
+
+# -- the HTTP client ---------------------------------------------------------------------------
+
+_client_lock = threading.Lock()
+_installed: tuple[float, float] | None = None
+
+
+def _install_timeouts(settings: HubSettings) -> None:
+    """Give huggingface_hub's shared client our connect/read timeouts (its default has none).
+
+    huggingface_hub keeps one process-wide client, so this is process-wide too; a client factory
+    the application installed itself is left alone (then its timeouts apply).
+    """
+    global _installed
+    wanted = (settings.connect_timeout, settings.read_timeout)
+    with _client_lock:
+        if _installed == wanted:
+            return
+        from huggingface_hub import constants as hf_constants
+
+        # File transfers pass this value as their per-request timeout (all supported versions).
+        hf_constants.HF_HUB_DOWNLOAD_TIMEOUT = settings.read_timeout  # type: ignore[assignment]
+        try:
+            from huggingface_hub.utils import _http
+        except ImportError:  # pragma: no cover - layout change
+            _installed = wanted
+            return
+        if hasattr(_http, "set_client_factory"):  # huggingface_hub 1.x / 2.x: an httpx client
+            install, current, base = _http.set_client_factory, "_GLOBAL_CLIENT_FACTORY", _http.default_client_factory
+            defaults: tuple = (base,)
+            wrap = _httpx_with_timeouts
+        else:  # huggingface_hub 0.x: a requests session
+            import requests
+
+            install, current = _http.configure_http_backend, "_GLOBAL_BACKEND_FACTORY"
+            base = getattr(_http, "_default_backend_factory", requests.Session)
+            defaults = (base, requests.Session, requests.session)
+            wrap = _requests_with_timeouts
+        now = getattr(_http, current, None)
+        if now is not None and now not in defaults and not getattr(now, "_kernel_loader", False):
+            logger.info("huggingface_hub has an application HTTP client factory; its timeouts apply")
+        else:
+
+            def factory() -> Any:
+                return wrap(base(), settings)
+
+            factory._kernel_loader = True  # type: ignore[attr-defined]
+            install(factory)
+        _installed = wanted
+
+
+def _httpx_with_timeouts(client: Any, settings: HubSettings) -> Any:
+    client.timeout = type(client.timeout)(settings.read_timeout, connect=settings.connect_timeout)
+    return client
+
+
+def _requests_with_timeouts(session: Any, settings: HubSettings) -> Any:
+    request = session.request
+
+    def timed(method: str, url: str, **kwargs: Any) -> Any:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = (settings.connect_timeout, settings.read_timeout)
+        return request(method, url, **kwargs)
+
+    session.request = timed
+    return session
+
+
+def _api(settings: HubSettings) -> Any:
     from huggingface_hub import HfApi
 
     from kernel_loader import __version__
 
-    return HfApi(
-        endpoint=constants.hf_endpoint(),
-        token=constants.hf_token(),
-        library_name="kernel_loader",
-        library_version=__version__,
-    )
+    _install_timeouts(settings)
+    return HfApi(endpoint=settings.endpoint, token=settings.token, library_name="kernel_loader", library_version=__version__)
 
 
-def _unreachable(exc: BaseException, depth: int = 0) -> bool:
+# -- error mapping (the one place) ------------------------------------------------------------
+
+
+def _in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if test(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def _is_transport(exc: BaseException) -> bool:
     from huggingface_hub import errors
 
-    if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+    if isinstance(exc, (errors.OfflineModeIsEnabled, ConnectionError, TimeoutError)):
         return True
     # huggingface_hub's HTTP stack varies by version (requests, httpx, httpx2): match transport
     # failures by class name rather than importing each library.
     for cls in type(exc).__mro__:
         module = cls.__module__.split(".")[0]
-        if module.startswith(("httpx", "httpcore")) and cls.__name__ in ("TransportError", "NetworkError", "TimeoutException"):
+        if module.startswith(("httpx", "httpcore")) and cls.__name__ in (
+            "TransportError", "NetworkError", "TimeoutException", "RemoteProtocolError", "ProtocolError",
+        ):
             return True
-        if module in ("requests", "urllib3") and cls.__name__ in ("ConnectionError", "Timeout", "NewConnectionError"):
+        if module in ("requests", "urllib3") and cls.__name__ in (
+            "ConnectionError", "Timeout", "NewConnectionError", "ChunkedEncodingError", "ProtocolError",
+        ):
             return True
-    cause = exc.__cause__ or exc.__context__
-    return cause is not None and cause is not exc and depth < 8 and _unreachable(cause, depth + 1)
+    return False
 
 
-def _missing(exc: BaseException) -> bool:
+def _is_missing(exc: BaseException) -> bool:
     # olah answers 401 for anything it does not have and 404 for /api/kernels by sha; the Hub
     # answers 404. huggingface_hub versions without repo type "kernel" raise ValueError.
     from huggingface_hub import errors
@@ -88,38 +213,65 @@ def _missing(exc: BaseException) -> bool:
     return getattr(response, "status_code", None) in (401, 403, 404)
 
 
-def _read_only(exc: OSError) -> bool:
-    import errno
+def _is_server_error(exc: BaseException) -> bool:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status is not None and status >= 500
 
-    return exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+
+def is_read_only(exc: BaseException) -> bool:
+    """An OS error saying the cache cannot be written (permissions, read-only mount)."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def _retrying(call):
-    """Run ``call()``; on a transport failure try once more before calling the Hub unreachable.
+def is_disk_full(exc: BaseException) -> bool:
+    """An OS error saying the disk (or quota) is full."""
+    return _in_chain(exc, lambda e: isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
 
-    A pooled keep-alive connection the server has since closed (olah does after an error
-    answer) fails once with "connection reset"; a fresh connection then works.
+
+def _classify(exc: BaseException, settings: HubSettings, what: str) -> BaseException | None:
+    """The exception to raise for a failed call, or None when it is not ours to map."""
+    if _in_chain(exc, _is_transport):
+        return HubUnreachable(f"{settings.endpoint} did not answer {what} ({type(exc).__name__}: {exc})")
+    if _is_missing(exc):
+        return HubRepoMissing(f"{what}: {settings.endpoint} has no such repo, revision or file ({type(exc).__name__})")
+    return None
+
+
+def _retryable(exc: BaseException) -> bool:
+    return _in_chain(exc, _is_transport) or _is_server_error(exc)
+
+
+def call(settings: HubSettings, what: str, fn: Callable[[], T]) -> T:
+    """Run one Hub call with bounded, logged retries; failures come out as this module's errors.
+
+    Raises:
+        HubUnreachable: offline mode, or the call failed in transit ``retries + 1`` times.
+        HubRepoMissing: the Hub answered that the repo, revision or file does not exist.
+        Exception: anything else (e.g. an OSError of the cache), unchanged, for the caller.
     """
-    try:
-        return call()
-    except Exception as exc:
-        if not _stale_connection(exc):
-            raise
-    return call()
+    if settings.offline:
+        raise HubUnreachable("HF_HUB_OFFLINE is set")
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt < settings.retries and _retryable(exc) and not is_disk_full(exc):
+                attempt += 1
+                wait = min(0.25 * 2 ** (attempt - 1), 2.0)
+                logger.warning("%s: %s failed (%s: %s); retry %d of %d in %.2f s",
+                               settings.endpoint, what, type(exc).__name__, exc, attempt, settings.retries, wait)
+                time.sleep(wait)
+                continue
+            mapped = _classify(exc, settings, what)
+            if mapped is None and _is_server_error(exc):
+                mapped = HubUnreachable(f"{settings.endpoint} failed {what} ({type(exc).__name__}: {exc})")
+            if mapped is None:
+                raise
+            raise mapped from exc
 
 
-def _stale_connection(exc: BaseException | None) -> bool:
-    # Only a dropped keep-alive connection is worth an immediate retry; a refused connection or
-    # a timeout would just fail (slowly) again.
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
-            return True
-        if type(exc).__name__ in ("RemoteProtocolError", "ReadError", "ServerDisconnectedError"):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+# -- the calls -----------------------------------------------------------------------------------
 
 
 def _repo_types() -> tuple[str, ...]:
@@ -130,187 +282,160 @@ def _repo_types() -> tuple[str, ...]:
     return tuple(t for t in REPO_TYPES if t in accepted)
 
 
-def remote_repo(repo_id: str) -> RemoteRepo:
+def remote_repo(repo_id: str, settings: HubSettings) -> RemoteRepo:
     """The repo's type and refs.
 
     Raises:
-        HubUnreachable: the Hub cannot be reached.
+        HubUnreachable: the Hub cannot be reached (or offline mode).
         HubRepoMissing: no repo of type ``kernel`` or ``model`` with this id.
     """
-    if constants.hf_offline():
-        raise HubUnreachable("HF_HUB_OFFLINE is set")
-    api = _api()
-    errors = []
+    api = _api(settings)
+    tried = []
     for repo_type in _repo_types():
         try:
-            refs = _retrying(lambda: api.list_repo_refs(repo_id, repo_type=repo_type))
-        except Exception as exc:  # classified below; anything else is a real error
-            if _unreachable(exc):
-                raise HubUnreachable(f"{constants.hf_endpoint()}: {type(exc).__name__}: {exc}") from exc
-            if _missing(exc):
-                errors.append(f"{repo_type}: {type(exc).__name__}")
-                continue
-            raise
+            refs = call(settings, f"the refs of {repo_id}", lambda: api.list_repo_refs(repo_id, repo_type=repo_type))
+        except HubRepoMissing:
+            tried.append(repo_type)
+            continue
         return RemoteRepo(
             repo_id,
             repo_type,
             {b.name: b.target_commit for b in refs.branches},
             {t.name: t.target_commit for t in refs.tags},
         )
-    raise HubRepoMissing(f"{repo_id} not found on {constants.hf_endpoint()} ({'; '.join(errors)})")
+    raise HubRepoMissing(f"{repo_id} not found on {settings.endpoint} (repo types tried: {', '.join(tried)})")
 
 
-def commit_exists(repo_id: str, repo_type: str, sha: str) -> bool:
+def commit_exists(repo_id: str, repo_type: str, sha: str, settings: HubSettings) -> bool:
     """Whether ``sha`` is a commit of the repo.
 
     Raises:
         HubUnreachable: the Hub cannot be reached.
     """
+    what = f"commit {sha} of {repo_id}"
     try:
-        info = _retrying(lambda: _api().repo_info(repo_id, repo_type=repo_type, revision=sha))
-    except Exception as exc:
-        if _unreachable(exc):
-            raise HubUnreachable(str(exc)) from exc
-        # olah answers 500 for an unknown sha; the Hub answers 404.
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        if _missing(exc) or (status is not None and status >= 500):
+        # no retries: olah answers 500 for an unknown sha, the Hub 404
+        info = call(settings._replace(retries=0), what, lambda: _api(settings).repo_info(repo_id, repo_type=repo_type, revision=sha))
+    except HubRepoMissing:
+        return False
+    except HubUnreachable as exc:
+        if _is_server_error(exc.__cause__) if exc.__cause__ else False:
             return False
         raise
     return getattr(info, "sha", None) == sha
 
 
-def list_variants(repo_id: str, repo_type: str, revision: str) -> list[str]:
-    """Variant folder names under ``build/`` at ``revision`` (empty if there is no build/).
-
-    Raises:
-        HubUnreachable: the Hub cannot be reached.
-    """
-    from huggingface_hub.hf_api import RepoFolder
-
-    try:
-        tree = _retrying(
-            lambda: list(_api().list_repo_tree(repo_id, path_in_repo="build", repo_type=repo_type, revision=revision))
-        )
-    except Exception as exc:
-        if _unreachable(exc):
-            raise HubUnreachable(str(exc)) from exc
-        if _missing(exc):
-            return []
-        raise
-    return sorted(item.path.split("/")[-1] for item in tree if isinstance(item, RepoFolder))
-
-
-def variant_file_digests(repo_id: str, repo_type: str, sha: str, variant: str) -> dict[str, str]:
-    """``{path relative to the variant: digest}`` from the Hub's listing, downloading nothing.
-
-    LFS files give ``sha256:<hex>``, others their git blob id ``git-sha1:<hex>``.
+def list_files(repo_id: str, repo_type: str, sha: str, settings: HubSettings) -> list[RemoteFile]:
+    """Every file under ``build/`` at ``sha`` with the sizes and digests the Hub lists (nothing downloaded).
 
     Raises:
         HubUnreachable: the Hub cannot be reached.
     """
     from huggingface_hub.hf_api import RepoFile
 
-    prefix = f"build/{variant}/"
     try:
-        items = _retrying(
-            lambda: list(
-                _api().list_repo_tree(
-                    repo_id, path_in_repo=prefix.rstrip("/"), repo_type=repo_type, revision=sha, recursive=True
-                )
-            )
+        items = call(
+            settings,
+            f"the file list of {repo_id}@{sha[:12]}",
+            lambda: list(_api(settings).list_repo_tree(repo_id, path_in_repo="build", repo_type=repo_type, revision=sha, recursive=True)),
         )
-    except Exception as exc:
-        if _unreachable(exc):
-            raise HubUnreachable(str(exc)) from exc
-        raise
-    digests = {}
+    except HubRepoMissing:
+        return []
+    files = []
     for item in items:
-        if not isinstance(item, RepoFile) or not item.path.startswith(prefix):
+        if not isinstance(item, RepoFile):
             continue
-        rel = item.path[len(prefix) :]
-        if "__pycache__/" in rel or rel.endswith((".pyc", ".pyo")):
+        if "/__pycache__/" in item.path or item.path.endswith((".pyc", ".pyo")):
             continue
         lfs = getattr(item, "lfs", None)
         lfs_sha = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
-        digests[rel] = f"sha256:{lfs_sha}" if lfs_sha else f"git-sha1:{item.blob_id}"
-    return digests
+        size = getattr(lfs, "size", None) or (lfs.get("size") if isinstance(lfs, dict) else None) or item.size
+        files.append(RemoteFile(item.path, int(size), lfs_sha, item.blob_id))
+    return sorted(files)
 
 
-def read_metadata(repo_id: str, repo_type: str, revision: str, variant: str, cache_dir: Path) -> dict | None:
-    """Download (into the cache) and parse ``build/<variant>/metadata.json``; None if absent.
+def variants_of(files: list[RemoteFile]) -> list[str]:
+    """Variant folder names (``build/<variant>/...``) present in a file listing."""
+    return sorted({f.path.split("/")[1] for f in files if f.path.count("/") >= 2})
+
+
+def list_variants(repo_id: str, repo_type: str, sha: str, settings: HubSettings) -> list[str]:
+    """Variant folder names under ``build/`` at ``sha`` (empty if there is no build/).
 
     Raises:
         HubUnreachable: the Hub cannot be reached.
+    """
+    return variants_of(list_files(repo_id, repo_type, sha, settings))
+
+
+def variant_file_digests(repo_id: str, repo_type: str, sha: str, variant: str, settings: HubSettings) -> dict[str, str]:
+    """``{path relative to the variant: digest}`` from the Hub's listing (for lock files).
+
+    LFS files give ``sha256:<hex>``, others their git blob id ``git-sha1:<hex>``.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+    """
+    return lock_digests(list_files(repo_id, repo_type, sha, settings), variant)
+
+
+def lock_digests(files: list[RemoteFile], variant: str) -> dict[str, str]:
+    """``{path relative to the variant: digest}`` of one variant in a listing (the lock's per-file digests)."""
+    prefix = f"build/{variant}/"
+    return {
+        f.path[len(prefix):]: f"sha256:{f.lfs_sha256}" if f.lfs_sha256 else f"git-sha1:{f.blob_id}"
+        for f in files
+        if f.path.startswith(prefix)
+    }
+
+
+def download_file(repo_id: str, repo_type: str, sha: str, path: str, cache_dir: Path, settings: HubSettings) -> Path:
+    """Fetch one file of commit ``sha`` into the cache (huggingface_hub's layout); a cached one is not fetched again.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached, stalled, or died mid-transfer.
+        HubRepoMissing: the file or commit does not exist.
+        OSError: the cache cannot be written (read-only, disk full), unchanged for the caller.
     """
     from huggingface_hub import hf_hub_download
 
-    try:
-        path = _retrying(
+    _install_timeouts(settings)
+    return Path(
+        call(
+            settings,
+            f"{repo_id}@{sha[:12]}/{path}",
             lambda: hf_hub_download(
                 repo_id,
-                f"build/{variant}/metadata.json",
+                path,
                 repo_type=repo_type,
-                revision=revision,
+                revision=sha,
                 cache_dir=str(cache_dir),
-                endpoint=constants.hf_endpoint(),
-                token=constants.hf_token(),
-            )
+                endpoint=settings.endpoint,
+                token=settings.token,
+                etag_timeout=settings.connect_timeout + settings.read_timeout,
+            ),
         )
-    except Exception as exc:
-        if isinstance(exc, OSError) and _read_only(exc):
-            # A read-only (shared) cache: fetch this small file into a throwaway folder instead.
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="kernel-loader-meta-") as tmp:
-                return read_metadata(repo_id, repo_type, revision, variant, Path(tmp))
-        if _unreachable(exc):
-            raise HubUnreachable(str(exc)) from exc
-        if _missing(exc):
-            return None
-        raise
-    try:
-        return json.loads(Path(path).read_text())
-    except ValueError:
-        logger.warning("%s: build/%s/metadata.json is not valid JSON; ignoring it", repo_id, variant)
-        return None
+    )
 
 
-def download_variants(repo_id: str, repo_type: str, revision: str, variants: list[str], cache_dir: Path) -> Path:
-    """Download only the given variants' files; return the snapshot folder (``.../snapshots/<sha>``).
-
-    ``revision`` may be a branch or tag (recorded under ``refs/`` for later offline use) or a sha.
+def read_metadata(repo_id: str, repo_type: str, sha: str, variant: str, cache_dir: Path, settings: HubSettings) -> dict | None:
+    """Fetch (into the cache) and parse ``build/<variant>/metadata.json``; None if absent or not JSON.
 
     Raises:
         HubUnreachable: the Hub cannot be reached.
     """
-    from huggingface_hub import snapshot_download
-
     try:
-        path = _retrying(
-            lambda: snapshot_download(
-                repo_id,
-                repo_type=repo_type,
-                revision=revision,
-                cache_dir=str(cache_dir),
-                allow_patterns=[f"build/{v}/*" for v in variants],
-                endpoint=constants.hf_endpoint(),
-                token=constants.hf_token(),
-            )
-        )
-    except Exception as exc:
-        if isinstance(exc, OSError) and _read_only(exc):
-            from kernel_loader.errors import CacheNotWritableError
+        path = download_file(repo_id, repo_type, sha, f"build/{variant}/metadata.json", cache_dir, settings)
+    except HubRepoMissing:
+        return None
+    except OSError as exc:
+        if not (is_read_only(exc) or is_disk_full(exc)):
+            raise
+        # A read-only (shared) or full cache: fetch this small file into a throwaway folder instead.
+        import tempfile
 
-            raise CacheNotWritableError(
-                f"{repo_id}@{revision}: build/{variants[0]} must be downloaded but the cache {cache_dir} is not "
-                f"writable ({exc}). Prefetch it where the cache is writable (`kernel-loader download "
-                f"{repo_id}@{revision}`), or set KERNEL_LOADER_CACHE to a writable folder."
-            ) from None
-        if _unreachable(exc):
-            raise HubUnreachable(str(exc)) from exc
-        if _missing(exc):
-            raise HubRepoMissing(
-                f"{repo_id}@{revision}: build/{', build/'.join(variants)} could not be fetched ({type(exc).__name__})"
-            ) from exc
-        raise
-    return Path(path)
+        with tempfile.TemporaryDirectory(prefix="kernel-loader-meta-") as tmp:
+            return read_metadata(repo_id, repo_type, sha, variant, Path(tmp), settings)
+    from kernel_loader import cache
+
+    return cache.read_metadata(path.parent)
