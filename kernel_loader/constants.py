@@ -34,6 +34,11 @@ def hf_token() -> str | None:
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
+def transformers_switch() -> bool:
+    """``KERNEL_LOADER_TRANSFORMERS=1``: enable the transformers bridge when it is first imported."""
+    return _flag("KERNEL_LOADER_TRANSFORMERS")
+
+
 def hf_offline() -> bool:
     """``HF_HUB_OFFLINE=1``: never talk to the Hub, use the cache (and shipped copies) only."""
     return _flag("HF_HUB_OFFLINE")

@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import os
 import threading
 
 from kernel_loader.errors import UnsupportedTransformersVersionError
@@ -60,7 +59,6 @@ ENV_SWITCH = "KERNEL_LOADER_TRANSFORMERS"
 #: The transformers versions whose internals the bridge was written and tested against.
 SUPPORTED_RANGE = "4.57.x, or 5.17 up to and including 5.24"
 _SUPPORTED_5X = (17, 24)
-_TRUE = {"1", "true", "yes", "on"}
 
 _lock = threading.RLock()
 
@@ -210,7 +208,9 @@ def _kernels_installed() -> bool:
 
 
 def _env_switch_on() -> bool:
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in _TRUE
+    from kernel_loader import constants
+
+    return constants.transformers_switch()
 
 
 if _env_switch_on():
