@@ -4,7 +4,7 @@ No network and no GPU needed. kernel_loader asks the Hub (HF_ENDPOINT, default h
 first. With no Hub in reach, or with HF_HUB_OFFLINE=1, it serves the copy of
 `kernels-community/flash-attn2` it ships (and says so). With the Hub in reach it uses the Hub's
 build for this machine: on a CUDA machine that is the build for this torch/CUDA; the Hub's repo
-has CUDA builds only, so elsewhere run this with HF_HUB_OFFLINE=1.
+has CUDA builds only, so elsewhere it serves the shipped copy and names the Hub builds it rejected.
 
     python examples/quickstart.py
 """

@@ -326,6 +326,18 @@ def _resolve_hub(req: Request, machine: Machine, settings: hub.HubSettings) -> R
         ) from None
     try:
         return _resolve_remote(req, machine, remote, settings)
+    except NoCompatibleVariantError as misfit:
+        # The Hub has the repo but no build for this machine (e.g. only CUDA builds on a CPU
+        # host): a shipped copy of the same version serves, with a warning that names every
+        # rejected Hub build. A lock pins one sha, so it never falls back.
+        fits = (
+            resolve_bundled(req, f"no build of {repo_id} on {settings.endpoint} fits this machine")
+            if req.lock is None and not req.all_variants else None
+        )
+        if fits is None:
+            raise
+        fits.notes.append("rejected Hub builds:\n" + "\n".join(d.line() for d in misfit.decisions))
+        return fits
     except hub.HubUnreachable as exc:  # the connection dropped after the refs were read
         return _resolve_offline(req, machine, f"the Hub at {settings.endpoint} stopped answering ({exc})")
     except hub.HubRepoMissing as exc:

@@ -152,3 +152,24 @@ def test_backend_environment_override(hub_env, versioned, monkeypatch):
     monkeypatch.setenv("KERNEL_LOADER_BACKEND", "rocm")
     with pytest.raises(kernel_loader.InvalidKernelRefError, match="not available"):
         kernel_loader.resolve_kernel(versioned["repo_id"], version=1, machine=gpu, download=False)
+
+
+def test_a_hub_repo_with_no_build_for_this_machine_falls_back_to_the_shipped_copy(hub_env, hub_server, tmp_path, monkeypatch):
+    # The real Hub's kernels-community/flash-attn2 has only CUDA builds: a CPU host that reaches
+    # the Hub gets the shipped copy, with a warning naming the rejected Hub builds.
+    repo_id = hub_server.new_repo_id("cudaonly", org="kernels-community")
+    sha = hub_server.add_repo(repo_id, {f"build/{OTHER}/{k}": v for k, v in kernel_files(4).items()})
+    hub_server.create_branch(repo_id, "v1", sha)
+    shipped = tmp_path / "shipped"
+    make_repo(shipped / repo_id, {"torch-universal": kernel_files(9)})
+    monkeypatch.setattr(bundled, "bundled_root", lambda: shipped)
+    monkeypatch.setattr(bundled, "_warned", set())
+    with pytest.warns(bundled.BundledKernelWarning, match="fits this machine"):
+        module = kernel_loader.get_kernel(repo_id, version=1)
+    res = module.__kernel_resolution__
+    assert module.answer() == 9 and res.source == "bundled"
+    assert any(OTHER in note for note in res.notes)  # the rejected Hub build is in the record
+    loader.clear_memo()
+    monkeypatch.setenv("KERNEL_LOADER_NO_BUNDLED", "1")
+    with pytest.raises(NoCompatibleVariantError, match=OTHER):
+        kernel_loader.get_kernel(repo_id, version=1)
