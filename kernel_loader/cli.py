@@ -169,6 +169,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from kernel_loader.attention.fallback import explain_chain  # built by the attention layer
 
         print(explain_chain(args.name))
+        from kernel_loader.flash_attn_compat import describe as describe_stand_in
+
+        print(describe_stand_in(args.name))
         return EXIT_OK
     from kernel_loader.loader import resolve_kernel
 
