@@ -172,12 +172,21 @@ def _finder() -> _StandInFinder | None:
 def _refresh_transformers_checks() -> None:
     """Clear transformers' memoized ``is_flash_attn_*`` answers, if transformers is imported.
 
-    transformers caches whether flash-attn is installed (``functools.lru_cache``); an answer
-    computed before the stand-in came or went would otherwise stick for the whole process.
+    transformers caches whether flash-attn is installed (``functools.lru_cache``), and up to 5.17
+    also maps import names to distributions once, at import (``PACKAGE_DISTRIBUTION_MAPPING``); an
+    answer computed before the stand-in came or went would otherwise stick for the whole process.
     """
     import_utils = sys.modules.get("transformers.utils.import_utils")
     if import_utils is None:
         return
+    mapping = getattr(import_utils, "PACKAGE_DISTRIBUTION_MAPPING", None)
+    if isinstance(mapping, dict):
+        fresh = importlib.metadata.packages_distributions()
+        for dist in _DISTS:
+            if dist.top_level in fresh:
+                mapping[dist.top_level] = fresh[dist.top_level]
+            else:
+                mapping.pop(dist.top_level, None)
     for attr in dir(import_utils):
         fn = getattr(import_utils, attr, None)
         if attr.startswith("is_flash_attn") and hasattr(fn, "cache_clear"):

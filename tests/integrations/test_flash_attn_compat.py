@@ -186,6 +186,21 @@ def test_transformers_own_checks_accept_it(stand_in, monkeypatch):
     assert not import_utils.is_flash_attn_greater_or_equal("2.3.3")
 
 
+def test_transformers_import_time_distribution_map_is_refreshed(shipped_kernel_only, monkeypatch):
+    """transformers up to 5.17 maps import names to distributions once, when it is imported."""
+    from transformers.utils import import_utils
+
+    mapping = dict(metadata.packages_distributions())
+    monkeypatch.setattr(import_utils, "PACKAGE_DISTRIBUTION_MAPPING", mapping, raising=False)
+    assert "flash_attn" not in mapping
+    kernel_loader.install_flash_attn()
+    try:
+        assert mapping["flash_attn"] == ["flash_attn"] and mapping["flash_attn_interface"] == ["flash_attn_3"]
+    finally:
+        kernel_loader.uninstall_flash_attn()
+    assert "flash_attn" not in mapping and "flash_attn_interface" not in mapping
+
+
 def test_a_real_flash_attn_on_sys_path_wins(tmp_path, shipped_kernel_only, monkeypatch):
     site = tmp_path / "site"
     (site / "flash_attn").mkdir(parents=True)
