@@ -27,7 +27,18 @@ from kernel_loader import flash_attn_compat
 from kernel_loader.errors import UnsupportedAttentionOptionError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+DOC = REPO_ROOT / "docs" / "transformers.md"
 STAND_IN_MODULES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding", "flash_attn_interface")
+
+
+def doc_block(test_id: str) -> str:
+    """The fenced block of docs/transformers.md that the ``run-by`` comment hands to ``test_id``."""
+    text = DOC.read_text()
+    marker = f"<!-- run-by: {test_id} -->"
+    assert marker in text, f"docs/transformers.md has no block for {test_id}"
+    after = text.split(marker, 1)[1].lstrip("\n")
+    assert after.startswith("```"), f"the run-by comment for {test_id} is not followed by a code block"
+    return after.split("\n", 1)[1].split("\n```", 1)[0] + "\n"
 
 
 def drop_flash_attn_modules() -> None:
@@ -397,3 +408,29 @@ def test_bridge_option_installs_the_stand_in(shipped_kernel_only):
         klt.disable()
         kernel_loader.uninstall_flash_attn()
         drop_flash_attn_modules()
+
+
+# ----------------------------------------------------------------------------------------------
+# the documented snippets
+
+
+def test_docs_snippet_plain_import(shipped_kernel_only, capsys):
+    code = doc_block("tests/integrations/test_flash_attn_compat.py::test_docs_snippet_plain_import")
+    try:
+        exec(compile(code, str(DOC), "exec"), {"__name__": "__docs__"})
+    finally:
+        kernel_loader.uninstall_flash_attn()
+        drop_flash_attn_modules()
+    assert capsys.readouterr().out.strip() == "torch.Size([2, 6, 4, 64])"
+
+
+def test_docs_explain_command(tmp_path):
+    block = doc_block("tests/integrations/test_flash_attn_compat.py::test_docs_explain_command")
+    commands = [line[2:] for line in block.splitlines() if line.startswith("$ ")]
+    assert commands == ["kernel-loader explain flash_attention_2"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "KERNEL_LOADER_CACHE": str(tmp_path / "cache"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = subprocess.run(commands[0], shell=True, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "[USED] the shipped kernel" in out.stdout
+    assert "flash_attn stand-in: not installed; kernel_loader.install_flash_attn()" in out.stdout

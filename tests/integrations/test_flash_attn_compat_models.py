@@ -15,6 +15,7 @@ import copy
 import functools
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ import kernel_loader  # noqa: E402
 import kernel_loader.integrations.transformers as klt  # noqa: E402
 
 ATOL = 1e-5
+DOC = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
 # Model modules that decide at import time whether flash-attn is there.
 LEGACY_MODULES = (
     "transformers.models.gpt_neo.modeling_gpt_neo",
@@ -184,3 +186,12 @@ def test_generate_batch_on_the_kernel_matches_sdpa_paged(flash_attn_stand_in):
     assert tokens["flash"] == tokens["sdpa"]
     assert all(len(t) == 6 for t in tokens["flash"])
     assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 12  # 2 layers x (prefill + decode steps)
+
+
+def test_docs_snippet_gpt_neo(flash_attn_stand_in, capsys):
+    from test_flash_attn_compat import doc_block
+
+    code = doc_block("tests/integrations/test_flash_attn_compat_models.py::test_docs_snippet_gpt_neo")
+    exec(compile(code, str(DOC), "exec"), {"__name__": "__docs__"})
+    assert capsys.readouterr().out.split() == ["GPTNeoFlashAttention2", "torch.Size([2,", "20])"]
+    assert flash_attn_stand_in.get("flash_attn_func", 0) + flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 8
