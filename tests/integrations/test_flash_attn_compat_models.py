@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 import kernel_loader  # noqa: E402
 import kernel_loader.integrations.transformers as klt  # noqa: E402
+from test_flash_attn_compat import doc_block, shipped_kernel_only  # noqa: E402,F401  (shared fixture)
 
 ATOL = 1e-5
 DOC = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
@@ -36,22 +37,14 @@ LEGACY_MODULES = (
 
 
 @pytest.fixture
-def flash_attn_stand_in(tmp_path, monkeypatch):
+def flash_attn_stand_in(shipped_kernel_only, monkeypatch):
     """The bridge with install_flash_attn=True, on the shipped kernel, with transformers' CUDA
     checks answered yes. Yields a dict counting calls into the kernel, by function name."""
     from transformers import modeling_flash_attention_utils as fa_utils
     from transformers.utils import import_utils
 
-    from kernel_loader.attention import reset_fallback_cache
     from kernel_loader.attention.fallback import flash_chain_kernel
-    from kernel_loader.loader import clear_memo
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("KERNEL_LOADER_CACHE", str(tmp_path / "kl-cache"))
-    monkeypatch.delenv("KERNEL_LOADER_NO_BUNDLED", raising=False)
-    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
-    clear_memo()
-    reset_fallback_cache()
     monkeypatch.setattr(import_utils, "is_torch_cuda_available", lambda: True)
     for version in (2, 3):
         monkeypatch.setitem(fa_utils.FLASH_ATTENTION_COMPATIBILITY_MATRIX[version], "supported_devices",
@@ -70,8 +63,6 @@ def flash_attn_stand_in(tmp_path, monkeypatch):
     finally:
         klt.disable()
         kernel_loader.uninstall_flash_attn()
-        clear_memo()
-        reset_fallback_cache()
 
 
 def _counted(fn, calls):
@@ -189,8 +180,6 @@ def test_generate_batch_on_the_kernel_matches_sdpa_paged(flash_attn_stand_in):
 
 
 def test_docs_snippet_gpt_neo(flash_attn_stand_in, capsys):
-    from test_flash_attn_compat import doc_block
-
     code = doc_block("tests/integrations/test_flash_attn_compat_models.py::test_docs_snippet_gpt_neo")
     exec(compile(code, str(DOC), "exec"), {"__name__": "__docs__"})
     assert capsys.readouterr().out.split() == ["GPTNeoFlashAttention2", "torch.Size([2,", "20])"]
