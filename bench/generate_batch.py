@@ -17,7 +17,7 @@ kernel) and uses its native FlashAttention code paths; nothing of transformers i
    graphs off for both (sdpa's default); then, once, our kernel with transformers' default
    configuration for flash (CUDA graphs on).
 
-    PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR            # on the GPU machine
+    PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR [--commit=SHA]   # on the GPU machine
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR --smoke   # CPU, tiny
 
 ``--smoke`` shrinks every size and, on a machine without CUDA, answers transformers' "is CUDA
@@ -271,6 +271,7 @@ def _markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     smoke = "--smoke" in argv
+    commit = next((a.split("=", 1)[1] for a in argv if a.startswith("--commit=")), None)  # a copied tree has no .git
     args = [a for a in argv if not a.startswith("--")]
     out = Path(args[0] if args else REPO_ROOT / "bench" / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -307,7 +308,7 @@ def main(argv: list[str]) -> int:
         "bench": "generate_batch",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR" + (" --smoke" if smoke else ""),
-        "commit": _git_commit(),
+        "commit": commit or _git_commit(),
         "environment": {"torch": torch.__version__, "transformers": transformers.__version__, "triton": triton_version,
                         "python": platform.python_version(),
                         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)"},
