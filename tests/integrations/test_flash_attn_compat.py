@@ -24,7 +24,7 @@ import torch
 
 import kernel_loader
 from kernel_loader import flash_attn_compat
-from kernel_loader.errors import UnsupportedAttentionOptionError
+from kernel_loader.errors import UnsupportedAttentionOptionError, UnusableKernelError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOC = REPO_ROOT / "docs" / "transformers.md"
@@ -269,6 +269,24 @@ def test_fa2_functions_match_reference_and_the_kernel_itself(stand_in):
     qkv_packed = torch.stack([q, q, q], dim=2)
     torch.testing.assert_close(flash_attn.flash_attn_qkvpacked_func(qkv_packed).double(), reference(q, q, q, False),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_the_chain_never_takes_the_stand_in_for_the_package(stand_in, monkeypatch):
+    """On a GPU the package step would import ``flash_attn`` and find the stand-in: it must skip it
+    (the stand-in runs on the chain's choice), and a chain that returned it anyway is refused."""
+    import flash_attn
+
+    from kernel_loader.attention import fallback
+
+    monkeypatch.setattr(fallback, "_cuda_capability", lambda: ((9, 0), "GPU H200 (sm90)"))
+    outcome = fallback.resolve_flash_chain("flash_attention_2", refresh=True)
+    assert outcome.steps[0].ok is False and "stand-in" in outcome.steps[0].reason
+    assert not flash_attn_compat.is_stand_in(outcome.kernel)
+
+    monkeypatch.setattr(fallback, "flash_chain_kernel", lambda name: flash_attn)
+    q, k, v = qkv()
+    with pytest.raises(UnusableKernelError, match="stand-in"):
+        flash_attn.flash_attn_func(q, k, v)
 
 
 def test_fa2_kvcache_paged_appends_and_attends(stand_in):
