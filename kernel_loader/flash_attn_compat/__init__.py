@@ -83,6 +83,20 @@ def is_stand_in(module: Any) -> bool:
     return isinstance(getattr(spec, "loader", None), _StandInFinder)
 
 
+def _spec_elsewhere(name: str) -> importlib.machinery.ModuleSpec | None:
+    """What the other finders on ``sys.meta_path`` offer for top-level ``name`` (a real package)."""
+    for finder in list(sys.meta_path):
+        if isinstance(finder, _StandInFinder) or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(name, None)
+        except (ImportError, ValueError, AttributeError, TypeError):  # a broken finder is not a package
+            continue
+        if spec is not None:
+            return spec
+    return None
+
+
 class _StandInDistribution(importlib.metadata.Distribution):
     """The metadata of a stand-in: ``METADATA`` and ``top_level.txt``, nothing on disk."""
 
@@ -110,18 +124,6 @@ class _StandInDistribution(importlib.metadata.Distribution):
 class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds and builds the stand-in modules; lists the stand-in distributions."""
 
-    def _provided_elsewhere(self, name: str) -> bool:
-        """Whether another finder on ``sys.meta_path`` can import top-level ``name``."""
-        for finder in list(sys.meta_path):
-            if isinstance(finder, _StandInFinder) or not hasattr(finder, "find_spec"):
-                continue
-            try:
-                if finder.find_spec(name, None) is not None:
-                    return True
-            except (ImportError, ValueError, AttributeError, TypeError):
-                continue
-        return False
-
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         entry = _MODULES.get(fullname)
         if entry is None:
@@ -130,7 +132,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if parent:
             if not is_stand_in(sys.modules.get(parent)):
                 return None  # a submodule of a real flash_attn is that package's business
-        elif self._provided_elsewhere(fullname):
+        elif _spec_elsewhere(fullname) is not None:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, origin="kernel_loader.flash_attn_compat", is_package=entry[1])
 
@@ -142,7 +144,6 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         for attr in source.__all__:
             setattr(module, attr, getattr(source, attr))
         module.__all__ = list(source.__all__)
-        module.__kernel_loader_shim__ = True
         if module.__name__ == "flash_attn_interface":
             module.__version__ = FLASH_ATTN_3_VERSION
         elif module.__name__ == "flash_attn":
@@ -160,7 +161,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             loaded = sys.modules.get(dist.top_level)
             if loaded is not None and not is_stand_in(loaded):
                 continue
-            if loaded is None and self._provided_elsewhere(dist.top_level):
+            if loaded is None and _spec_elsewhere(dist.top_level) is not None:
                 continue
             yield _StandInDistribution(dist)
 
@@ -246,16 +247,8 @@ def _real_package(top_level: str) -> str | None:
     loaded = sys.modules.get(top_level)
     if loaded is not None and not is_stand_in(loaded):
         return getattr(loaded, "__file__", None) or "an already imported module"
-    for finder in list(sys.meta_path):
-        if isinstance(finder, _StandInFinder) or not hasattr(finder, "find_spec"):
-            continue
-        try:
-            spec = finder.find_spec(top_level, None)
-        except (ImportError, ValueError, AttributeError, TypeError):
-            continue
-        if spec is not None:
-            return spec.origin or "an installed package"
-    return None
+    spec = _spec_elsewhere(top_level) if loaded is None else None
+    return None if spec is None else spec.origin or "an installed package"
 
 
 def describe(chain: str = "flash_attention_2") -> str:

@@ -36,9 +36,10 @@ def chain_kernel(chain: str) -> ModuleType:
             must skip it; this guards against endless recursion).
     """
     from kernel_loader.attention.fallback import flash_chain_kernel
+    from kernel_loader.flash_attn_compat import is_stand_in
 
     kernel = flash_chain_kernel(chain)
-    if getattr(kernel, "__kernel_loader_shim__", False):
+    if is_stand_in(kernel):
         raise UnusableKernelError(
             f"The {chain} fallback chain picked kernel_loader's own flash_attn stand-in, which has no kernel of its "
             f"own. Run `kernel-loader explain {chain}` to see the chain."
