@@ -56,6 +56,9 @@ _EXPORTS: dict[str, str] = {
     "register_kernel_backend": "kernel_loader.attention",
     "explain_chain": "kernel_loader.attention",
     "PagedKVCache": "kernel_loader.attention",
+    # import flash_attn without the flash-attn package
+    "install_flash_attn": "kernel_loader.flash_attn_compat",
+    "uninstall_flash_attn": "kernel_loader.flash_attn_compat",
     "UnknownAttentionBackendError": "kernel_loader.errors",
     "UnsupportedAttentionOptionError": "kernel_loader.errors",
 }

@@ -386,7 +386,9 @@ def _explain_one(args: argparse.Namespace, name: str):
     if name in ATTENTION_BACKENDS:
         from kernel_loader.attention.fallback import explain_chain  # built by the attention layer
 
-        return ("chain", explain_chain(name))
+        from kernel_loader.flash_attn_compat import describe as describe_stand_in
+
+        return ("chain", explain_chain(name) + "\n" + describe_stand_in(name))
     try:
         res = resolve_kernel(
             name,

@@ -121,6 +121,10 @@ def _try_package(opt: _Option) -> tuple[ModuleType | None, str]:
         return None, f"cannot be looked up ({_first_line(exc)})"
     if spec is None:
         return None, f"not installed ({opt.install_hint})"
+    from kernel_loader.flash_attn_compat import is_stand_in
+
+    if is_stand_in(spec):  # it runs on this chain's choice: taking it here would recurse
+        return None, f"not installed (only kernel_loader's stand-in, from install_flash_attn(), which runs on the option used below)"
     cap, where = _cuda_capability()
     if cap is None:
         return None, f"installed, but {where}; the package runs only on CUDA GPUs"

@@ -116,7 +116,7 @@ def _flavor_for(version_text: str | None) -> str:
 # public API
 
 
-def enable(*, allow_unsupported: bool = False) -> None:
+def enable(*, allow_unsupported: bool = False, install_flash_attn: bool = False) -> None:
     """Route transformers' kernel ids and FlashAttention fallback through kernel_loader.
 
     Idempotent. Models built (or switched with ``set_attn_implementation``) while enabled get
@@ -125,6 +125,9 @@ def enable(*, allow_unsupported: bool = False) -> None:
     Args:
         allow_unsupported: try the hook on a transformers version outside ``SUPPORTED_RANGE``
             instead of raising.
+        install_flash_attn: also make ``import flash_attn`` / ``flash_attn_interface`` work on
+            kernel_loader's kernels (:func:`kernel_loader.install_flash_attn`; process-wide, stays
+            after :func:`disable`), for model code that imports flash-attn itself.
 
     Raises:
         UnsupportedTransformersVersionError: transformers is not installed, or its version is
@@ -132,6 +135,10 @@ def enable(*, allow_unsupported: bool = False) -> None:
             bridge wraps are missing.
     """
     global _state, _announced_kernels
+    if install_flash_attn:
+        from kernel_loader.flash_attn_compat import install_flash_attn as install_stand_in
+
+        install_stand_in()
     with _lock:
         if _state is not None:
             return

@@ -1,0 +1,186 @@
+"""transformers' own flash-attn paths on kernel_loader's kernel, through the bridge's
+``install_flash_attn=True``: the models that import flash-attn themselves (GPT-Neo, Falcon, Bark),
+``flash_attention_2`` / ``flash_attention_3`` on a registry model, and ``generate_batch``
+(continuous batching, paged cache), each against sdpa (or eager where the model has no sdpa).
+
+transformers only ever uses flash-attn on CUDA, so its CUDA checks are answered yes here: the CPU
+stands in for that machine, and the kernel runs in Triton's interpreter. Nothing else is faked:
+the stand-in, transformers' flash code and the shipped kernel are the real ones. The same paths
+run on a real GPU in bench/generate_batch.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import kernel_loader  # noqa: E402
+import kernel_loader.integrations.transformers as klt  # noqa: E402
+from test_flash_attn_compat import doc_block, shipped_kernel_only  # noqa: E402,F401  (shared fixture)
+
+ATOL = 1e-5
+DOC = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
+# Model modules that decide at import time whether flash-attn is there.
+LEGACY_MODULES = (
+    "transformers.models.gpt_neo.modeling_gpt_neo",
+    "transformers.models.falcon.modeling_falcon",
+    "transformers.models.bark.modeling_bark",
+)
+
+
+@pytest.fixture
+def flash_attn_stand_in(shipped_kernel_only, monkeypatch):
+    """The bridge with install_flash_attn=True, on the shipped kernel, with transformers' CUDA
+    checks answered yes. Yields a dict counting calls into the kernel, by function name."""
+    from transformers import modeling_flash_attention_utils as fa_utils
+    from transformers.utils import import_utils
+
+    from kernel_loader.attention.fallback import flash_chain_kernel
+
+    monkeypatch.setattr(import_utils, "is_torch_cuda_available", lambda: True)
+    for version in (2, 3):
+        monkeypatch.setitem(fa_utils.FLASH_ATTENTION_COMPATIBILITY_MATRIX[version], "supported_devices",
+                            ((lambda: True, "cuda"),))
+    monkeypatch.setattr(fa_utils, "_loaded_implementation", None)  # transformers' memo of the loaded flash API
+    klt.enable(install_flash_attn=True)
+    for name in LEGACY_MODULES:  # as if first imported now, after the stand-in came
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])
+    calls: dict[str, int] = {}
+    kernel = flash_chain_kernel("flash_attention_2")
+    for fn in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):
+        monkeypatch.setattr(kernel, fn, _counted(getattr(kernel, fn), calls))
+    try:
+        yield calls
+    finally:
+        klt.disable()
+        kernel_loader.uninstall_flash_attn()
+
+
+def _counted(fn, calls):
+    @functools.wraps(fn)  # keeps the signature, which the stand-in reads
+    def counted(*args, **kwargs):
+        calls[fn.__name__] = calls.get(fn.__name__, 0) + 1
+        return fn(*args, **kwargs)
+
+    return counted
+
+
+def build_pair(cls, config, reference_impl, flash_impl="flash_attention_2"):
+    torch.manual_seed(0)
+    reference = cls._from_config(copy.deepcopy(config), attn_implementation=reference_impl).eval()
+    flash = cls._from_config(copy.deepcopy(config), attn_implementation=flash_impl).eval()
+    flash.load_state_dict(reference.state_dict())
+    assert flash.config._attn_implementation == flash_impl
+    return reference, flash
+
+
+def assert_same_prefill_and_decode(reference, flash):
+    """Left-padded prefill, then one cached decode step: logits of real tokens agree."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 90, (2, 10), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        outs = []
+        for model in (reference, flash):
+            first = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+            step = model(ids[:, -1:], attention_mask=mask, past_key_values=first.past_key_values, use_cache=True)
+            outs.append((first.logits, step.logits))
+    real = mask[:, :-1].bool()
+    torch.testing.assert_close(outs[1][0][real], outs[0][0][real], atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(outs[1][1], outs[0][1], atol=ATOL, rtol=1e-4)
+
+
+def test_gpt_neo_flash_attention_2_runs_on_the_kernel(flash_attn_stand_in):
+    from transformers.models.gpt_neo import modeling_gpt_neo
+
+    # window_size above the sequence length: GPT-Neo's flash class does not apply local windows.
+    config = transformers.GPTNeoConfig(
+        vocab_size=96, hidden_size=64, num_layers=2, attention_types=[[["global", "local"], 1]], num_heads=4,
+        max_position_embeddings=64, window_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    reference, flash = build_pair(transformers.GPTNeoForCausalLM, config, "eager")  # GPT-Neo has no sdpa
+    assert isinstance(flash.transformer.h[0].attn.attention, modeling_gpt_neo.GPTNeoFlashAttention2)
+    assert_same_prefill_and_decode(reference, flash)
+    assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 4  # padded prefill + decode, 2 layers
+
+
+@pytest.mark.parametrize("new_decoder_architecture", [False, True], ids=["multi-query", "grouped-kv"])
+def test_falcon_flash_attention_2_runs_on_the_kernel(flash_attn_stand_in, new_decoder_architecture):
+    from transformers.models.falcon import modeling_falcon
+
+    config = transformers.FalconConfig(
+        vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+        new_decoder_architecture=new_decoder_architecture, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    reference, flash = build_pair(transformers.FalconForCausalLM, config, "sdpa")
+    assert isinstance(flash.transformer.h[0].self_attention, modeling_falcon.FalconFlashAttention2)
+    assert_same_prefill_and_decode(reference, flash)
+    assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 4
+
+
+def test_bark_flash_attention_2_runs_on_the_kernel(flash_attn_stand_in):
+    from transformers.models.bark import modeling_bark
+
+    config = transformers.BarkSemanticConfig(
+        block_size=64, input_vocab_size=96, output_vocab_size=96, num_layers=2, num_heads=4, hidden_size=64,
+    )
+    reference, flash = build_pair(modeling_bark.BarkSemanticModel, config, "eager")  # Bark has no sdpa
+    assert isinstance(flash.layers[0].attn, modeling_bark.BarkSelfFlashAttention2)
+    assert_same_prefill_and_decode(reference, flash)
+    assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 4
+
+
+@pytest.mark.parametrize("flash_impl", ["flash_attention_2", "flash_attention_3"])
+def test_transformers_native_flash_implementations_use_the_stand_in(flash_attn_stand_in, flash_impl):
+    """With flash-attn "installed", the bridge leaves flash_attention_2/3 to transformers, whose
+    own wrapper imports flash_attn / flash_attn_interface: both land on the kernel."""
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+    )
+    reference, flash = build_pair(transformers.LlamaForCausalLM, config, "sdpa", flash_impl)
+    assert klt.registered_names() == {}  # transformers' own path, not the bridge's registration
+    assert_same_prefill_and_decode(reference, flash)
+    assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 4
+
+
+def test_generate_batch_on_the_kernel_matches_sdpa_paged(flash_attn_stand_in):
+    """Continuous batching (paged cache) with flash_attention_2 generates sdpa's greedy tokens."""
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    reference, flash = build_pair(transformers.LlamaForCausalLM, config, "sdpa")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (5, 9, 3)]
+    generation = transformers.GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    tokens = {}
+    for name, model in (("sdpa", reference), ("flash", flash)):
+        batching = transformers.ContinuousBatchingConfig(
+            page_size=16, num_blocks=16, max_batch_tokens=64, auto_switch_to_flash=False,
+        )
+        with torch.no_grad():
+            result = model.generate_batch(prompts, generation_config=generation,
+                                          continuous_batching_config=batching, warmup=False)
+        tokens[name] = [result[key].generated_tokens for key in sorted(result)]
+        assert model.config._attn_implementation == ("sdpa" if name == "sdpa" else "flash_attention_2")
+    assert tokens["flash"] == tokens["sdpa"]
+    assert all(len(t) == 6 for t in tokens["flash"])
+    assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 12  # 2 layers x (prefill + decode steps)
+
+
+def test_docs_snippet_gpt_neo(flash_attn_stand_in, capsys):
+    code = doc_block("tests/integrations/test_flash_attn_compat_models.py::test_docs_snippet_gpt_neo")
+    exec(compile(code, str(DOC), "exec"), {"__name__": "__docs__"})
+    assert capsys.readouterr().out.split() == ["GPTNeoFlashAttention2", "torch.Size([2,", "20])"]
+    assert flash_attn_stand_in.get("flash_attn_func", 0) + flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 8
