@@ -27,7 +27,7 @@ CASES = [
     ("d59-mqa", 2, 129, 257, 6, 1, 59, {}),
     ("varlen-causal-d128", 3, 300, 300, 4, 2, 128, dict(causal=True, varlen=True)),
 ]
-QUICK = {"causal-gqa-d64", "window-softcap-d96", "d16-causal", "varlen-causal-d128", "paged-gqa-d128"}
+QUICK = {"plain-d128", "causal-gqa-d64", "window-softcap-d96", "d16-causal", "varlen-causal-d128", "paged-gqa-d128"}
 DECODE = [("paged-gqa-d128", 8, 1000, 32, 8, 128, 256), ("dense-gqa-d128", 8, 1000, 32, 8, 128, None),
           ("paged-d64-3q", 4, 700, 8, 8, 64, 256)]
 
