@@ -236,7 +236,7 @@ def test_torchrun_ranks_use_a_hub_kernel_from_the_shared_cache(hub_env, hub_serv
              str(Path(__file__).with_name("torchrun_job.py")), str(out)],
             env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
         )
-    assert done.returncode == 0, "\n".join(l for l in done.stderr.splitlines() if "Error" in l or "error" in l or "abort" in l.lower())[-6000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     result = json.loads(out.read_text())
     assert (result["world"], result["source"], result["sha"]) == (8, "cache", sha)
     assert "flash-attn2" in result["attn"]

@@ -97,7 +97,7 @@ def no_io(monkeypatch, tmp_path):
         raise AssertionError("touched the network or the disk before checking the arguments")
 
     for module, name in ((hub, "remote_repo"), (cache, "find_snapshot"), (cache, "cached_refs"), (lockfile, "find_lockfile"),
-                         (lockfile, "resolve_locked")):
+                         (lockfile, "lock_for")):
         monkeypatch.setattr(module, name, forbidden)
     monkeypatch.chdir(tmp_path)
 
