@@ -74,16 +74,12 @@ def contenders(kernels: dict, d: int, hq: int, hk: int, seq: int, causal: bool, 
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__)
-    parser.add_argument("--baseline", help="another kernel repo folder, timed as column 'baseline'")
+    parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--no-flex", action="store_true")
     args = parser.parse_args()
     import torch
-    import kernel_loader
 
-    kernels = {"ours": harness.shipped_kernel()}
-    if args.baseline:
-        kernels["baseline"] = kernel_loader.get_local_kernel(args.baseline)
+    kernels = harness.kernels(args.baseline)
     rows = []
 
     def write():

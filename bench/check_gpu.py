@@ -145,15 +145,10 @@ def check_decode(kernels: dict, case) -> dict:
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__)
-    parser.add_argument("--baseline", help="a kernel repo folder to compare against (imported under its own name)")
+    parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--quick", action="store_true", help="the cases marked QUICK only (each case compiles)")
     args = parser.parse_args()
-    import kernel_loader
-
-    kernels = {"ours": harness.shipped_kernel()}
-    if args.baseline:
-        kernels["baseline"] = kernel_loader.get_local_kernel(args.baseline)
+    kernels = harness.kernels(args.baseline)
     pick = (lambda cases: [c for c in cases if c[0] in QUICK]) if args.quick else (lambda cases: cases)
     rows = [check_dense(kernels, c) for c in pick(CASES)] + [check_decode(kernels, c) for c in pick(DECODE)]
     columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2")

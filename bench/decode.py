@@ -16,17 +16,12 @@ CONTEXTS = (4096, 32768)
 
 
 def main() -> None:
-    parser = harness.arguments(__doc__)
-    parser.add_argument("--baseline", help="another kernel repo folder, timed as 'baseline'")
+    parser = harness.arguments(__doc__, baseline=True)
     args = parser.parse_args()
     import torch
     from torch.nn.attention import SDPBackend
 
-    import kernel_loader
-
-    kernels = {"ours": harness.shipped_kernel()}
-    if args.baseline:
-        kernels["baseline"] = kernel_loader.get_local_kernel(args.baseline)
+    kernels = harness.kernels(args.baseline)
     rows = []
     for ctx in CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2

@@ -7,10 +7,11 @@ from bench/ or tests/. It loads the shipped kernel through the public loader
 
 API (everything else here is private):
 
-``arguments(doc) -> argparse.ArgumentParser``
+``arguments(doc, *, baseline=False) -> argparse.ArgumentParser``
     A parser with the flags every benchmark takes: ``--out DIR`` (default ``bench/results``)
     and ``--commit SHA`` (default: ``git rev-parse HEAD`` of this checkout, ``+dirty`` when it
-    has uncommitted changes; pass it where the tree was copied without ``.git``).
+    has uncommitted changes; pass it where the tree was copied without ``.git``); with
+    ``baseline=True`` also ``--baseline DIR`` (see :func:`kernels`).
 ``time_us(fn, *, device=None, calls=None, repeat=15) -> float``
     Median microseconds per call of ``fn()``. On CUDA: ``triton.testing.do_bench`` (median). On
     the CPU: ``time.perf_counter_ns`` over ``repeat`` samples of ``calls`` calls each (``calls``
@@ -37,6 +38,9 @@ API (everything else here is private):
 ``shipped_kernel(repo_id="kernels-community/flash-attn2")``
     The kernel shipped in ``kernel_repos/``, imported with ``kernel_loader.get_local_kernel``
     (no network, no cache).
+``kernels(baseline=None) -> dict[str, ModuleType]``
+    ``{"ours": shipped_kernel()}``, plus ``"baseline"``: the kernel repo folder ``baseline``
+    (``--baseline``) imported with ``kernel_loader.get_local_kernel``, when given.
 """
 
 from __future__ import annotations
@@ -74,14 +78,17 @@ class Ratio(NamedTuple):
         return f"{self.median:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
 
-def arguments(doc: Optional[str]) -> argparse.ArgumentParser:
-    """The argument parser every benchmark starts from (``--out``, ``--commit``)."""
+def arguments(doc: Optional[str], *, baseline: bool = False) -> argparse.ArgumentParser:
+    """The argument parser every benchmark starts from (``--out``, ``--commit``; ``--baseline``)."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR,
                         help="folder for <bench>.md and <bench>.json (default: bench/results)")
     parser.add_argument("--commit", default=None,
                         help="git commit to record (default: this checkout's HEAD)")
+    if baseline:
+        parser.add_argument("--baseline", help="another kernel repo folder (e.g. the previous commit's "
+                            "flash-attn2), run beside ours as 'baseline'")
     return parser
 
 
@@ -250,3 +257,13 @@ def shipped_kernel(repo_id: str = "kernels-community/flash-attn2") -> ModuleType
     import kernel_loader
 
     return kernel_loader.get_local_kernel(REPO_ROOT / "kernel_repos" / repo_id)
+
+
+def kernels(baseline: Optional[str] = None) -> dict[str, ModuleType]:
+    """``{"ours": the shipped kernel}``, plus ``"baseline"`` (the kernel repo folder ``baseline``)."""
+    import kernel_loader
+
+    loaded = {"ours": shipped_kernel()}
+    if baseline:
+        loaded["baseline"] = kernel_loader.get_local_kernel(baseline)
+    return loaded

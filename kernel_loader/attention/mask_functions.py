@@ -12,6 +12,7 @@ FlashAttention 2D padding mask) read it to know what the pattern is without eval
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -58,12 +59,24 @@ def mask_kinds(mask_function: MaskFunction) -> set[str]:
     return {kind}
 
 
-def _check_callables(name: str, fns: tuple[Any, ...]) -> None:
-    if not fns:
-        raise TypeError(f"{name}() needs at least one mask function")
-    bad = [f for f in fns if not callable(f)]
+def _combine(kind: str, mask_functions: tuple[MaskFunction, ...]) -> MaskFunction:
+    # and_masks and or_masks differ only in the start value and the operator
+    if not mask_functions:
+        raise TypeError(f"{kind}_masks() needs at least one mask function")
+    bad = [f for f in mask_functions if not callable(f)]
     if bad:
-        raise TypeError(f"{name}() takes mask functions (batch_idx, head_idx, q_idx, kv_idx) -> bool; got {bad!r}")
+        raise TypeError(f"{kind}_masks() takes mask functions (batch_idx, head_idx, q_idx, kv_idx) -> bool; got {bad!r}")
+    conjunction = kind == "and"
+    op = operator.and_ if conjunction else operator.or_
+
+    def combined(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
+        result = q_idx.new_ones((), dtype=torch.bool) if conjunction else q_idx.new_zeros((), dtype=torch.bool)
+        for fn in mask_functions:
+            result = op(result, torch.as_tensor(fn(batch_idx, head_idx, q_idx, kv_idx)).to(result.device))
+        return result
+
+    combined.__name__ = combined.__qualname__ = f"{kind}_mask"
+    return _tag(combined, kind, parts=mask_functions)
 
 
 def and_masks(*mask_functions: MaskFunction) -> MaskFunction:
@@ -72,15 +85,7 @@ def and_masks(*mask_functions: MaskFunction) -> MaskFunction:
     Raises:
         TypeError: no function was given, or one is not callable.
     """
-    _check_callables("and_masks", mask_functions)
-
-    def and_mask(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
-        result = q_idx.new_ones((), dtype=torch.bool)
-        for fn in mask_functions:
-            result = result & torch.as_tensor(fn(batch_idx, head_idx, q_idx, kv_idx)).to(result.device)
-        return result
-
-    return _tag(and_mask, "and", parts=mask_functions)
+    return _combine("and", mask_functions)
 
 
 def or_masks(*mask_functions: MaskFunction) -> MaskFunction:
@@ -89,15 +94,7 @@ def or_masks(*mask_functions: MaskFunction) -> MaskFunction:
     Raises:
         TypeError: no function was given, or one is not callable.
     """
-    _check_callables("or_masks", mask_functions)
-
-    def or_mask(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
-        result = q_idx.new_zeros((), dtype=torch.bool)
-        for fn in mask_functions:
-            result = result | torch.as_tensor(fn(batch_idx, head_idx, q_idx, kv_idx)).to(result.device)
-        return result
-
-    return _tag(or_mask, "or", parts=mask_functions)
+    return _combine("or", mask_functions)
 
 
 def causal_mask_function(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:

@@ -52,24 +52,7 @@ def drop_flash_attn_modules() -> None:
 
 
 @pytest.fixture
-def shipped_kernel_only(tmp_path, monkeypatch):
-    """The shipped kernel as the chain's choice: offline, empty cache, chains walked afresh."""
-    from kernel_loader.attention import reset_fallback_cache
-    from kernel_loader.loader import clear_memo
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("KERNEL_LOADER_CACHE", str(tmp_path / "kl-cache"))
-    monkeypatch.delenv("KERNEL_LOADER_NO_BUNDLED", raising=False)
-    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
-    clear_memo()
-    reset_fallback_cache()
-    yield
-    clear_memo()
-    reset_fallback_cache()
-
-
-@pytest.fixture
-def stand_in(shipped_kernel_only):
+def stand_in(offline_shipped):
     assert kernel_loader.install_flash_attn() is True
     try:
         yield
@@ -100,7 +83,7 @@ def qkv(b=2, sq=8, sk=8, hq=4, hk=2, d=16, seed=0):
 # importing
 
 
-def test_install_is_idempotent_and_uninstall_removes_modules_and_metadata(shipped_kernel_only):
+def test_install_is_idempotent_and_uninstall_removes_modules_and_metadata(offline_shipped):
     try:
         assert kernel_loader.install_flash_attn() is True
         assert kernel_loader.install_flash_attn() is False
@@ -203,7 +186,7 @@ def test_transformers_own_checks_accept_it(stand_in, cuda_answered_yes, monkeypa
     assert not import_utils.is_flash_attn_greater_or_equal("2.3.3")
 
 
-def test_transformers_import_time_distribution_map_is_refreshed(shipped_kernel_only, monkeypatch):
+def test_transformers_import_time_distribution_map_is_refreshed(offline_shipped, monkeypatch):
     """transformers up to 5.17 maps import names to distributions once, when it is imported."""
     from transformers.utils import import_utils
 
@@ -218,7 +201,7 @@ def test_transformers_import_time_distribution_map_is_refreshed(shipped_kernel_o
     assert "flash_attn" not in mapping and "flash_attn_interface" not in mapping
 
 
-def test_a_real_flash_attn_on_sys_path_wins(tmp_path, shipped_kernel_only, monkeypatch):
+def test_a_real_flash_attn_on_sys_path_wins(tmp_path, offline_shipped, monkeypatch):
     site = tmp_path / "site"
     (site / "flash_attn").mkdir(parents=True)
     (site / "flash_attn" / "__init__.py").write_text("__version__ = '2.7.4'\nREAL = True\n")
@@ -403,7 +386,7 @@ def test_unpad_concatenated_sequences_gives_one_entry_per_sequence(stand_in):
 # explain and the bridge option
 
 
-def test_explain_names_the_stand_in(shipped_kernel_only, capsys):
+def test_explain_names_the_stand_in(offline_shipped, capsys):
     from kernel_loader.cli import main
 
     assert main(["explain", "flash_attention_2"]) == 0
@@ -418,7 +401,7 @@ def test_explain_names_the_stand_in(shipped_kernel_only, capsys):
         kernel_loader.uninstall_flash_attn()
 
 
-def test_bridge_option_installs_the_stand_in(shipped_kernel_only):
+def test_bridge_option_installs_the_stand_in(offline_shipped):
     pytest.importorskip("transformers")
     import kernel_loader.integrations.transformers as klt
 
@@ -438,7 +421,7 @@ def test_bridge_option_installs_the_stand_in(shipped_kernel_only):
 # the documented snippets
 
 
-def test_docs_snippet_plain_import(shipped_kernel_only, capsys):
+def test_docs_snippet_plain_import(offline_shipped, capsys):
     code = doc_block("tests/integrations/test_flash_attn_compat.py::test_docs_snippet_plain_import")
     try:
         exec(compile(code, str(DOC), "exec"), {"__name__": "__docs__"})

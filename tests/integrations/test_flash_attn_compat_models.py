@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 import kernel_loader  # noqa: E402
 import kernel_loader.integrations.transformers as klt  # noqa: E402
-from test_flash_attn_compat import doc_block, shipped_kernel_only  # noqa: E402,F401  (shared fixture)
+from test_flash_attn_compat import doc_block  # noqa: E402
 
 ATOL = 1e-5
 DOC = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
@@ -41,7 +41,7 @@ LEGACY_MODULES = (
 
 
 @pytest.fixture
-def flash_attn_stand_in(shipped_kernel_only, cuda_answered_yes, monkeypatch):
+def flash_attn_stand_in(offline_shipped, cuda_answered_yes, monkeypatch):
     """The bridge with install_flash_attn=True, on the shipped kernel, with transformers' CUDA
     checks answered yes. Yields a dict counting calls into the kernel, by function name."""
     from transformers import modeling_flash_attention_utils as fa_utils

@@ -28,34 +28,6 @@ ATOL, RTOL = 1e-6, 1e-4  # transformers' fp32 eager<>sdpa tolerance
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def forget_kernel_backends() -> None:
-    """Drop kernel_loader's process-wide memory of flash-attn2 backends, memoized loads and walked
-    fallback chains, so a test sees the source its own environment selects (other test modules
-    register the same ids from other sources)."""
-    from kernel_loader.attention import AttentionInterface, AttentionMaskInterface, kernel_backends, reset_fallback_cache
-    from kernel_loader.loader import clear_memo
-
-    for name in list(kernel_backends.registered_kernel_backends()):
-        if "flash-attn2" in name:
-            AttentionInterface.unregister(name)
-            AttentionMaskInterface.unregister(name)
-            kernel_backends._registered.pop(name, None)  # the registry's own tests reset it the same way
-    clear_memo()
-    reset_fallback_cache()
-
-
-@pytest.fixture
-def offline_shipped(tmp_path, monkeypatch):
-    """The shipped kernel as the only source: offline, empty cache."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("KERNEL_LOADER_CACHE", str(tmp_path / "kl-cache"))
-    monkeypatch.delenv("KERNEL_LOADER_NO_BUNDLED", raising=False)
-    monkeypatch.delenv("LOCAL_KERNELS", raising=False)
-    forget_kernel_backends()
-    yield
-    forget_kernel_backends()
-
-
 @pytest.fixture
 def bridge(offline_shipped):
     klt.enable()
@@ -414,7 +386,7 @@ def test_supported_versions_are_accepted(monkeypatch, version):
 # the kernel from the loopback Hub
 
 
-def test_kernel_from_the_loopback_hub(hub_env, hub_server, monkeypatch):
+def test_kernel_from_the_loopback_hub(hub_env, hub_server, monkeypatch, fresh_kernel_backends):
     import huggingface_hub.file_download as file_download
 
     from kernel_loader.attention.kernel_backends import registered_kernel_backends
@@ -428,7 +400,6 @@ def test_kernel_from_the_loopback_hub(hub_env, hub_server, monkeypatch):
 
     sha = hub_server.add_shipped_repo(KERNEL)
     name = f"{KERNEL}@v1"
-    forget_kernel_backends()
     klt.enable()
     try:
         model = tiny_llama(name)
@@ -451,4 +422,3 @@ def test_kernel_from_the_loopback_hub(hub_env, hub_server, monkeypatch):
             assert_matches_sdpa(model)
     finally:
         klt.disable()
-        forget_kernel_backends()

@@ -11,8 +11,6 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_transformers_bridge import offline_shipped  # noqa: E402,F401  (the fixture)
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "transformers_generate.py"
 
 

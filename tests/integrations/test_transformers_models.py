@@ -31,37 +31,14 @@ TF5 = int(transformers.__version__.split(".")[0]) >= 5
 VOCAB = 128
 
 
-def forget_kernel_backends() -> None:
-    """Drop kernel_loader's process-wide memory of flash-attn2 backends, memoized loads and walked
-    fallback chains, so a test sees the source its own environment selects (other test modules
-    register the same ids from other sources)."""
-    from kernel_loader.attention import AttentionInterface, AttentionMaskInterface, kernel_backends, reset_fallback_cache
-    from kernel_loader.loader import clear_memo
-
-    for name in list(kernel_backends.registered_kernel_backends()):
-        if "flash-attn2" in name:
-            AttentionInterface.unregister(name)
-            AttentionMaskInterface.unregister(name)
-            kernel_backends._registered.pop(name, None)  # the registry's own tests reset it the same way
-    clear_memo()
-    reset_fallback_cache()
-
-
 @pytest.fixture(scope="module", autouse=True)
-def bridge(tmp_path_factory: pytest.TempPathFactory):
+def bridge(offline_shipped_module):
     """The bridge on, and the shipped kernel as the only source (offline, empty cache)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("KERNEL_LOADER_CACHE", str(tmp_path_factory.mktemp("kl-cache")))
-        mp.delenv("KERNEL_LOADER_NO_BUNDLED", raising=False)
-        mp.delenv("LOCAL_KERNELS", raising=False)
-        forget_kernel_backends()
-        klt.enable()
-        try:
-            yield
-        finally:
-            klt.disable()
-            forget_kernel_backends()
+    klt.enable()
+    try:
+        yield
+    finally:
+        klt.disable()
 
 
 def _kernel_source(name: str) -> str:

@@ -130,6 +130,21 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).norm().item() / (denom if denom > 0 else 1.0)
 
 
+def assert_out_and_grads_close(
+    out: torch.Tensor,
+    ref_out: torch.Tensor,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    ref_qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    tol: float,
+) -> None:
+    """``out`` and the gradients of q, k, v each within ``tol`` (:func:`rel_err`) of the reference;
+    the failure names every error."""
+    errors = {"out": rel_err(out, ref_out)}
+    for name, got, want in zip(("dq", "dk", "dv"), qkv, ref_qkv):
+        errors[name] = rel_err(got.grad, want.grad)
+    assert all(e < tol for e in errors.values()), errors
+
+
 def lse_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest |Δlse| over finite rows; inf if the +inf rows differ or anything is NaN."""
     got = got.detach().double()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flash_ref import lse_err, load_flash_attn2, poisoned_allocations, reference, rel_err
+from flash_ref import assert_out_and_grads_close, lse_err, load_flash_attn2, poisoned_allocations, reference, rel_err
 
 fa = load_flash_attn2()
 
@@ -61,14 +61,7 @@ def _run_and_compare(b, sq, sk, hq, hk, d, dtype, opts, noncontig=False):
     qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref_out, ref_lse = reference(qr, kr, vr, alibi_slopes=slopes, **opts)
     ref_out.backward(dout.double())
-    tol = TOL[dtype]
-    errors = {
-        "out": rel_err(out, ref_out),
-        "dq": rel_err(q.grad, qr.grad),
-        "dk": rel_err(k.grad, kr.grad),
-        "dv": rel_err(v.grad, vr.grad),
-    }
-    assert all(e < tol for e in errors.values()), errors
+    assert_out_and_grads_close(out, ref_out, (q, k, v), (qr, kr, vr), TOL[dtype])
     assert lse_err(lse, ref_lse) < LSE_TOL[dtype]
 
 

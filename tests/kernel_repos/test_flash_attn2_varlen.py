@@ -12,7 +12,7 @@ import importlib
 import pytest
 import torch
 
-from flash_ref import lse_err, load_flash_attn2, poisoned_allocations, reference, rel_err
+from flash_ref import assert_out_and_grads_close, lse_err, load_flash_attn2, poisoned_allocations, reference
 
 fa = load_flash_attn2()
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}
@@ -54,14 +54,7 @@ def _check(lens_q, lens_k, hq, hk, d, dtype, opts, keep=None, dropout_p=0.0, see
         ref_lses.append(l[0])
     ref_out = torch.cat(ref_outs)
     ref_out.backward(dout.double())
-    tol = TOL[dtype]
-    errors = {
-        "out": rel_err(out, ref_out),
-        "dq": rel_err(q.grad, qr.grad),
-        "dk": rel_err(k.grad, kr.grad),
-        "dv": rel_err(v.grad, vr.grad),
-    }
-    assert all(e < tol for e in errors.values()), errors
+    assert_out_and_grads_close(out, ref_out, (q, k, v), (qr, kr, vr), TOL[dtype])
     assert lse_err(lse, torch.cat(ref_lses, dim=1)) < (2e-3 if dtype != torch.float32 else 1e-5)
 
 
