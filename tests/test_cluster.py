@@ -168,7 +168,7 @@ def _write_bench(figures) -> None:
         "the fault-errors column), every other rank rides it out through huggingface_hub's resumes and our retry.\n\n"
         "Per round (kills, fault, duplicates): "
         + ", ".join(f"{x['round']}: {x['kills']}/{x['fault'] or '-'}/{x['duplicates']}" for x in f.per_round) + "\n\n"
-        "No competitor is measured: the `kernels` package cannot read a model-type mirror (see DESIGN.md).\n"
+        "No competitor is measured: the `kernels` package asks the Hub only for repo type `kernel`, which a model-type mirror (olah) does not serve.\n"
     )
 
 

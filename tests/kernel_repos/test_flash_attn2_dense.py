@@ -14,7 +14,7 @@ from flash_ref import assert_out_and_grads_close, lse_err, load_flash_attn2, poi
 
 fa = load_flash_attn2()
 
-# Relative error bounds against fp64 (METHOD.md): fp16 operands ~1e-3, fp32 far below.
+# Relative error bounds against fp64: fp16 operands ~1e-3, fp32 far below.
 TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}
 LSE_TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}
 
