@@ -72,14 +72,17 @@ def _download_ref(text: str, version: int | None, all_variants: bool, trust: boo
     return {"repo_id": ref.repo_id, "source": "hub", "sha": snapshot.name, "variants": variants, "path": str(snapshot)}
 
 
-def _download_lock(lock_path: str, all_variants: bool) -> list[dict]:
-    from kernel_loader import cache, lockfile
+def _download_lock(lock_path: str, all_variants: bool, trust_remote_code: bool = False) -> list[dict]:
+    from kernel_loader import cache, integrity, lockfile, trust
     from kernel_loader.machine import detect_machine
     from kernel_loader.sources import hub
     from kernel_loader.variants import select_variant
 
     results = []
-    for entry in lockfile.read_lock(lock_path):
+    entries = lockfile.read_lock(lock_path)
+    for entry in entries:  # a lock entry is not consent: every org is checked before anything is fetched
+        trust.check_trust(entry.repo_id, trust_remote_code)
+    for entry in entries:
         try:
             remote = hub.remote_repo(entry.repo_id)
         except hub.HubUnreachable as exc:
@@ -103,7 +106,10 @@ def _download_lock(lock_path: str, all_variants: bool) -> list[dict]:
         snapshot = hub.download_variants(entry.repo_id, remote.repo_type, entry.sha, wanted, cache.cache_root())
         for variant in wanted:
             if variant in entry.variants and entry.variants[variant].get("hash"):
-                lockfile.verify_variant(snapshot / "build" / variant, entry.variants[variant], f"{entry.repo_id} {variant}", use_memo=False)
+                integrity.verify_lock_variant(
+                    snapshot / "build" / variant, entry.variants[variant], f"{entry.repo_id} {variant}",
+                    memo_dir=integrity.default_memo_dir(), use_memo=False,
+                )
         results.append({"repo_id": entry.repo_id, "source": "hub", "sha": entry.sha, "variants": wanted, "path": str(snapshot)})
     return results
 
@@ -114,7 +120,7 @@ def cmd_download(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     results = []
     if args.lock:
-        results += _download_lock(args.lock, args.all_variants)
+        results += _download_lock(args.lock, args.all_variants, args.trust_remote_code)
     for text in args.ids:
         results.append(_download_ref(text, args.version, args.all_variants, args.trust_remote_code))
     if args.json:
@@ -202,32 +208,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from kernel_loader import cache, lockfile
+    from kernel_loader import integrity, lockfile
 
     path = Path(args.lock) if args.lock else lockfile.find_lockfile()
-    if path is None:
-        raise errors.LockfileError("No kernels.lock here or in a parent folder; pass --lock PATH.")
-    rows, code = [], EXIT_OK
-    for entry in lockfile.read_lock(path):
-        snapshot = cache.find_snapshot(entry.repo_id, entry.sha)
-        cached = snapshot.variants() if snapshot else []
-        if not cached:
-            rows.append({"repo_id": entry.repo_id, "sha": entry.sha, "variant": None, "status": "missing"})
-            code = max(code, EXIT_NOT_FOUND)
-            continue
-        for variant in cached:
-            expected = entry.variants.get(variant)
-            if not expected or not expected.get("hash"):
-                status, detail = "unlocked", "no hash for this variant in the lock"
-            else:
-                try:
-                    lockfile.verify_variant(snapshot.build_dir / variant, expected, f"{entry.repo_id} {variant}", use_memo=False)
-                    status, detail = "ok", expected["hash"]
-                except errors.KernelIntegrityError as exc:
-                    status, detail, code = "MISMATCH", str(exc), EXIT_INTEGRITY
-            rows.append({"repo_id": entry.repo_id, "sha": entry.sha, "variant": variant, "status": status, "detail": detail})
+    entries = lockfile.read_lock(path) if path is not None else []
+    rows = integrity.verify_cache(None, entries, memo_dir=integrity.default_memo_dir())
+    statuses = {r["status"] for r in rows}
+    code = EXIT_INTEGRITY if "MISMATCH" in statuses else EXIT_NOT_FOUND if "missing" in statuses else EXIT_OK
     if args.json:
-        _print_json({"lockfile": str(path), "results": rows})
+        _print_json({"lockfile": str(path) if path is not None else None, "results": rows})
     else:
         for r in rows:
             print(f"{r['status']:8} {r['repo_id']}@{r['sha'][:12]} {r['variant'] or '(not in cache)'}")
@@ -390,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser("verify", parents=[common], help="re-hash cached kernels against a lock file")
-    p.add_argument("--lock", help="lock file (default: the nearest kernels.lock)")
+    p = sub.add_parser("verify", parents=[common], help="re-hash every cached kernel (against the lock or the download record)")
+    p.add_argument("--lock", help="lock file (default: the nearest kernels.lock, if any)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_verify)
 

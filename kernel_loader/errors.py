@@ -35,7 +35,15 @@ class NoCompatibleVariantError(KernelLoaderError):
 
 
 class KernelIntegrityError(KernelLoaderError):
-    """Files on disk do not match the hash recorded in the lock file."""
+    """Files on disk do not match their recorded digests, or a path leads outside its snapshot."""
+
+
+class UnsafeRepoContentError(KernelIntegrityError):
+    """The Hub or a mirror listed a file name that would land outside the cache (``..``, absolute)."""
+
+
+class KernelMetadataError(KernelLoaderError, ValueError):
+    """A variant's ``metadata.json`` is too large, not JSON, too deeply nested or has a bad field."""
 
 
 class UntrustedKernelError(KernelLoaderError):

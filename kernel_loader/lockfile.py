@@ -15,13 +15,11 @@ fmt="kernels")`` writes it for projects that also use that package.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_loader import cache, constants, hashing
+from kernel_loader import cache, constants, hashing, integrity, metadata, trust
 from kernel_loader.errors import (
     KernelIntegrityError,
     LockfileError,
@@ -82,8 +80,8 @@ def read_lock(path: str | Path) -> list[LockEntry]:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise LockfileError(f"Cannot read lock file {path}: {exc}. Create it with `kernel-loader lock`.") from None
-    except ValueError as exc:
-        raise LockfileError(f"Lock file {path} is not valid JSON ({exc}). Re-create it with `kernel-loader lock`.") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the json module follows
+        raise LockfileError(f"Lock file {path} is not valid JSON ({type(exc).__name__}). Re-create it with `kernel-loader lock`.") from None
     if not isinstance(data, list):
         raise LockfileError(f"Lock file {path} must hold a JSON list of kernels, found {type(data).__name__}.")
     entries = []
@@ -92,20 +90,33 @@ def read_lock(path: str | Path) -> list[LockEntry]:
             raise LockfileError(f"Lock file {path}: entry {i} is not an object.")
         if "dependency" in item:  # kernels >= 0.11
             dep, lock = item.get("dependency") or {}, item.get("lock") or {}
+            if not isinstance(dep, dict) or not isinstance(lock, dict):
+                raise LockfileError(f"Lock file {path}: entry {i} needs 'dependency' and 'lock' objects.")
             repo_id, sha = dep.get("repo-id"), lock.get("commit")
             entry = LockEntry(str(repo_id), str(sha), {}, dep.get("version"), dep.get("revision"))
         else:
             repo_id, sha = item.get("repo_id"), item.get("sha")
             variants = item.get("variants") or {}
-            if not isinstance(variants, dict):
-                raise LockfileError(f"Lock file {path}: 'variants' of entry {i} must be an object.")
+            if not isinstance(variants, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("hash", ""), str) and isinstance(v.get("hash_type", ""), str)
+                for v in variants.values()
+            ):
+                raise LockfileError(
+                    f"Lock file {path}: 'variants' of entry {i} must map variant names to "
+                    '{"hash": "sha256-…", "hash_type": "…"} objects.'
+                )
             entry = LockEntry(str(repo_id), str(sha), variants, item.get("version"), item.get("revision"))
         try:
-            KernelRef.parse(entry.repo_id)
+            if KernelRef.parse(entry.repo_id).repo_id != entry.repo_id:
+                raise ValueError(entry.repo_id)
         except Exception:
             raise LockfileError(f"Lock file {path}: entry {i} has an invalid repo id {repo_id!r}.") from None
         if not cache.is_sha(entry.sha):
             raise LockfileError(f"Lock file {path}: {entry.repo_id} has sha {sha!r}, expected 40 hex digits.")
+        if (entry.version is not None and (isinstance(entry.version, bool) or not isinstance(entry.version, int))) or (
+            entry.revision is not None and not isinstance(entry.revision, str)
+        ):
+            raise LockfileError(f"Lock file {path}: {entry.repo_id} needs an integer version or a string revision.")
         entries.append(entry)
     return entries
 
@@ -202,68 +213,6 @@ def lock_entry_from_hub(repo_id: str, spec: int | str) -> LockEntry:
     return entry
 
 
-# -- verification -------------------------------------------------------------------------------
-
-
-def _verified_path() -> Path:
-    return constants.state_dir() / "verified.json"
-
-
-def _load_verified() -> dict[str, str]:
-    try:
-        data = json.loads(_verified_path().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _remember(key: str, fp: str) -> None:
-    # Best effort: a read-only home only costs a re-hash next time.
-    try:
-        data = _load_verified()
-        data[key] = fp
-        target = _verified_path()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".verified-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, target)
-    except OSError:
-        pass
-
-
-def verify_variant(path: Path, expected: dict, what: str, use_memo: bool = True) -> str:
-    """Check a variant folder against a lock's variant entry; returns ``"verified"`` or ``"remembered"``.
-
-    Raises:
-        KernelIntegrityError: the hash differs (the message names changed, missing and extra files).
-    """
-    want = str(expected.get("hash", ""))
-    files = expected.get("files") or {}
-    key = f"{path.resolve()}|{want}"
-    fp = hashing.fingerprint(path)
-    if use_memo and _load_verified().get(key) == fp:
-        return "remembered"
-    got, got_files = hashing.hash_folder(path, files)
-    if got != want:
-        details = []
-        if files:
-            changed = sorted(k for k in files if k in got_files and got_files[k] != files[k])
-            missing = sorted(k for k in files if k not in got_files)
-            extra = sorted(k for k in got_files if k not in files)
-            for label, items in (("changed", changed), ("missing", missing), ("unexpected", extra)):
-                if items:
-                    details.append(f"{label}: {', '.join(items[:10])}{' …' if len(items) > 10 else ''}")
-        raise KernelIntegrityError(
-            f"{what}: files in {path} do not match the lock (expected {want}, found {got})"
-            + (f"; {'; '.join(details)}" if details else "")
-            + f". Re-fetch with `kernel-loader download --lock <lockfile>` after removing the cached copy "
-            "(`kernel-loader cache prune`), or re-lock with `kernel-loader lock` if the change is intended."
-        )
-    _remember(key, fp)
-    return "verified"
-
-
 def _lock_for(repo_id: str, lockfile: str | Path | None) -> tuple[Path, LockEntry]:
     path = Path(lockfile) if lockfile is not None else find_lockfile()
     if path is None:
@@ -285,11 +234,12 @@ def _shipped_match(repo_id: str, entry: LockEntry, machine, res: Resolution) -> 
     if root is None:
         return None
     names = [n for n in entry.variants if (root / "build" / n).is_dir() and entry.variants[n].get("hash")]
-    chosen, decisions = select_variant(names, machine, lambda v: _read_meta(root / "build" / v))
+    chosen, decisions = select_variant(names, machine, lambda v: metadata.variant_metadata(root / "build" / v))
     if chosen is None:
         return None
-    expected = entry.variants[chosen]
-    if hashing.hash_folder(root / "build" / chosen, expected.get("files") or {})[0] != expected["hash"]:
+    try:
+        integrity.verify_lock_variant(root / "build" / chosen, entry.variants[chosen], repo_id, memo_dir=integrity.default_memo_dir())
+    except (KernelIntegrityError, LockfileError):
         return None
     res.source, res.variant, res.path, res.decisions = "bundled", chosen, root / "build" / chosen, decisions
     res.notes.append("not in the cache; the shipped copy has exactly the locked files (hash checked)")
@@ -299,22 +249,17 @@ def _shipped_match(repo_id: str, entry: LockEntry, machine, res: Resolution) -> 
     return res
 
 
-def _read_meta(path: Path) -> dict | None:
-    try:
-        value = json.loads((path / "metadata.json").read_text())
-        return value if isinstance(value, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
-def resolve_locked(repo_id: str, lockfile: str | Path | None = None, machine=None) -> Resolution:
+def resolve_locked(
+    repo_id: str, lockfile: str | Path | None = None, machine=None, trust_remote_code: bool = False
+) -> Resolution:
     """Resolve a lock-pinned kernel from the cache (no network call), verified against the lock.
 
     Raises:
-        LockfileError, OfflineKernelMissingError, NoCompatibleVariantError, KernelIntegrityError:
-            see :func:`kernel_loader.loader.load_kernel`.
+        LockfileError, UntrustedKernelError, OfflineKernelMissingError, NoCompatibleVariantError,
+            KernelIntegrityError: see :func:`kernel_loader.loader.load_kernel`.
     """
     path, entry = _lock_for(repo_id, lockfile)
+    trust.check_trust(repo_id, trust_remote_code)  # a lock entry pins a sha; it is not consent
     machine = machine or detect_machine()
     res = Resolution(repo_id, "cache", repo_id, entry.revision, entry.sha, None, None, version=entry.version)
     res.machine, res.lockfile, res.resolved_revision = machine, str(path), entry.revision
@@ -325,10 +270,7 @@ def resolve_locked(repo_id: str, lockfile: str | Path | None = None, machine=Non
     usable = [d.variant for d in decisions if d.accepted and d.variant in cached]
 
     def meta(v: str) -> dict | None:
-        try:
-            return json.loads((snapshot.build_dir / v / "metadata.json").read_text())  # type: ignore[union-attr]
-        except (OSError, ValueError):
-            return None
+        return metadata.variant_metadata(snapshot.build_dir / v)  # type: ignore[union-attr]
 
     chosen, decisions = select_variant(usable, machine, meta) if usable else (None, decisions)
     res.decisions = decisions
@@ -352,7 +294,9 @@ def resolve_locked(repo_id: str, lockfile: str | Path | None = None, machine=Non
     res.variant, res.path = chosen, snapshot.build_dir / chosen
     expected = entry.variants.get(chosen)
     if expected and expected.get("hash"):
-        outcome = verify_variant(res.path, expected, f"{repo_id}@{entry.sha[:12]} variant {chosen}")
+        outcome = integrity.verify_lock_variant(
+            res.path, expected, f"{repo_id}@{entry.sha[:12]} variant {chosen}", memo_dir=integrity.default_memo_dir()
+        )
         res.notes.append(f"files match the lock ({outcome})")
     else:
         res.notes.append("the lock records no content hash for this variant (kernels 0.17 format): sha pinned only")

@@ -8,12 +8,11 @@ or does not have the repo. Nothing here imports the kernel.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from kernel_loader import cache, constants, deps, hashing, trust
+from kernel_loader import cache, constants, deps, hashing, metadata, trust
 from kernel_loader.errors import (
     InvalidKernelRefError,
     KernelNotFoundError,
@@ -51,14 +50,6 @@ class Request(NamedTuple):
         return text
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text())
-        return value if isinstance(value, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
 def _no_variant_error(res: Resolution, machine: Machine) -> NoCompatibleVariantError:
     where = f"{res.repo_id}@{res.sha[:12] if res.sha else res.resolved_revision or '?'} ({res.source})"
     if not res.decisions:
@@ -92,7 +83,7 @@ def _finish(
 
 
 def _local_meta(build_dir: Path) -> MetadataReader:
-    return lambda variant: _read_json(build_dir / variant / "metadata.json")
+    return lambda variant: metadata.variant_metadata(build_dir / variant)
 
 
 def resolve_local(req: Request, path: Path, source_note: str) -> Resolution:
@@ -305,6 +296,7 @@ def resolve(req: Request) -> Resolution:
         OfflineKernelMissingError: offline (or the Hub unreachable) and not in the cache.
         NoCompatibleVariantError: no variant fits this machine (every reason listed).
         MissingDependencyError: the chosen variant needs Python packages that are missing.
+        KernelMetadataError: a candidate variant's metadata.json is malformed or too large.
     """
     if req.ref.revision is not None and req.version is not None:
         raise InvalidKernelRefError(

@@ -8,12 +8,11 @@ Using one is never silent: :func:`warn_bundled` warns once per repo.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import warnings
 from pathlib import Path
 
-from kernel_loader import constants
+from kernel_loader import constants, metadata
 
 logger = logging.getLogger("kernel_loader")
 
@@ -61,11 +60,8 @@ def bundled_repo_ids() -> list[str]:
 
 def bundled_version(variant_dir: Path) -> int | None:
     """The ``version`` recorded in a shipped variant's ``metadata.json`` (None if absent)."""
-    try:
-        value = json.loads((variant_dir / "metadata.json").read_text()).get("version")
-        return int(value) if value is not None else None
-    except (OSError, ValueError, TypeError):
-        return None
+    meta = metadata.read_metadata(variant_dir / "metadata.json")
+    return meta.version if meta is not None else None
 
 
 _warned: set[str] = set()

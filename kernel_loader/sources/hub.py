@@ -8,12 +8,11 @@ Downloads land in the cache in huggingface_hub's layout and show its progress ba
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kernel_loader import constants
+from kernel_loader import constants, metadata
 
 logger = logging.getLogger("kernel_loader")
 
@@ -268,11 +267,7 @@ def read_metadata(repo_id: str, repo_type: str, revision: str, variant: str, cac
         if _missing(exc):
             return None
         raise
-    try:
-        return json.loads(Path(path).read_text())
-    except ValueError:
-        logger.warning("%s: build/%s/metadata.json is not valid JSON; ignoring it", repo_id, variant)
-        return None
+    return metadata.variant_metadata(Path(path).parent)
 
 
 def download_variants(repo_id: str, repo_type: str, revision: str, variants: list[str], cache_dir: Path) -> Path:
