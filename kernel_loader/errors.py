@@ -42,7 +42,7 @@ class UnsafeRepoContentError(KernelIntegrityError):
     """The Hub or a mirror listed a file name that would land outside the cache (``..``, absolute)."""
 
 
-class KernelMetadataError(KernelLoaderError, ValueError):
+class KernelMetadataError(KernelLoaderError):
     """A variant's ``metadata.json`` is too large, not JSON, too deeply nested or has a bad field."""
 
 

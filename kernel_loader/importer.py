@@ -64,14 +64,15 @@ class Bounds:
             inside = real.parent == self.blobs
         if inside:
             return None
-        link = _first_link(path)
+        link = _outermost_link(path, self.snapshot or self.folders)
         allowed = f"{self.folders}" + (f" or {self.blobs}" if self.blobs is not None and not is_dir else "")
         return f"{link} is a link to {os.path.realpath(link)}, outside {allowed}" if link else f"{path} lies outside {allowed}"
 
 
-def _first_link(path: Path) -> Path | None:
-    for candidate in (path, *path.parents):
-        if candidate.is_symlink():
+def _outermost_link(path: Path, top: Path) -> Path | None:
+    """The link nearest to ``top`` (the snapshot) on the way down to ``path``, for the message."""
+    for candidate in reversed((path, *path.parents)):
+        if (candidate == top or candidate.is_relative_to(top)) and candidate.is_symlink():
             return candidate
     return None
 
