@@ -33,7 +33,12 @@ MAX_NESTING = 32
 _STRING = re.compile(r'"(?:[^"\\]|\\.?)*+(?:"|\Z)', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
 # A PEP 508 distribution name, optionally followed by extras, a version specifier and a marker.
-_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[A-Za-z0-9._,\s-]*\])?\s*([^;]*)(;.*)?$")
+_VERSION_CLAUSE = r"(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+"
+_REQUIREMENT = re.compile(
+    r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[A-Za-z0-9._,\s-]*\])?\s*"
+    rf"(\(?\s*(?:{_VERSION_CLAUSE}\s*(?:,\s*{_VERSION_CLAUSE}\s*)*)?\)?)\s*(;.*)?$",
+    re.S,
+)
 _PACKAGE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
