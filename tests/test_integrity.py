@@ -166,3 +166,18 @@ def test_an_edited_sha256_files_lock_is_a_lockfile_error(tmp_path):
     entry = {"hash": "sha256-" + "0" * 64, "hash_type": hashing.HASH_TYPE, "files": files}
     with pytest.raises(LockfileError, match="do not add up"):
         integrity.verify_lock_variant(tmp_path / "v", entry, "k", memo_dir=tmp_path / "memo")
+
+
+# -- a mirror listing unsafe names ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["..", "../../outside", "x/../../.."])
+def test_a_mirror_listing_an_unsafe_name_is_a_documented_error(tmp_path, monkeypatch, variant):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    from kernel_loader.errors import UnsafeRepoContentError
+    from kernel_loader.sources import hub
+
+    # Variant names come from the mirror's listing; huggingface_hub refuses these before any request.
+    with pytest.raises(UnsafeRepoContentError, match="would land outside the cache"):
+        hub.read_metadata("kernels-community/x", "model", "main", variant, tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("metadata.json"))

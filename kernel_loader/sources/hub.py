@@ -87,6 +87,24 @@ def _missing(exc: BaseException) -> bool:
     return getattr(response, "status_code", None) in (401, 403, 404)
 
 
+def _refuse_unsafe_names(exc: BaseException, repo_id: str, revision: str) -> None:
+    """huggingface_hub refuses a listed file name with ``..`` or an absolute path (ValueError);
+    that is the mirror's doing, so it becomes our documented error instead of a traceback.
+
+    Raises:
+        UnsafeRepoContentError: ``exc`` is such a refusal.
+    """
+    text = str(exc)
+    if isinstance(exc, ValueError) and ("Invalid filename" in text or "Invalid pointer path" in text):
+        from kernel_loader.errors import UnsafeRepoContentError
+
+        raise UnsafeRepoContentError(
+            f"{repo_id}@{revision}: {constants.hf_endpoint()} lists a file name that would land outside the cache "
+            f"({text.split('. ')[0]}); nothing was written. The Hub or mirror serving it is broken or compromised: "
+            "check HF_ENDPOINT, or load from a cache you trust with HF_HUB_OFFLINE=1."
+        ) from None
+
+
 def _read_only(exc: OSError) -> bool:
     import errno
 
@@ -262,6 +280,7 @@ def read_metadata(repo_id: str, repo_type: str, revision: str, variant: str, cac
 
             with tempfile.TemporaryDirectory(prefix="kernel-loader-meta-") as tmp:
                 return read_metadata(repo_id, repo_type, revision, variant, Path(tmp))
+        _refuse_unsafe_names(exc, repo_id, revision)
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
         if _missing(exc):
@@ -301,6 +320,7 @@ def download_variants(repo_id: str, repo_type: str, revision: str, variants: lis
                 f"writable ({exc}). Prefetch it where the cache is writable (`kernel-loader download "
                 f"{repo_id}@{revision}`), or set KERNEL_LOADER_CACHE to a writable folder."
             ) from None
+        _refuse_unsafe_names(exc, repo_id, revision)
         if _unreachable(exc):
             raise HubUnreachable(str(exc)) from exc
         if _missing(exc):
