@@ -76,12 +76,12 @@ assert m.flash_attn_func and m.__kernel_resolution__.source == 'cache'
     "ours/lock": f"""
 import kernel_loader
 m = kernel_loader.load_kernel('{REPO_ID}', lockfile=sys.argv[3] + '/sha256_files.lock')
-assert m.flash_attn_func and 'files match the lock (remembered)' in m.__kernel_resolution__.notes
+assert m.flash_attn_func and any(n.startswith('files match the lock') for n in m.__kernel_resolution__.notes)
 """,
     "ours/lock-git_lfs_concat": f"""
 import kernel_loader
 m = kernel_loader.load_kernel('{REPO_ID}', lockfile=sys.argv[3] + '/git_lfs_concat.lock')
-assert m.flash_attn_func and 'files match the lock (remembered)' in m.__kernel_resolution__.notes
+assert m.flash_attn_func and any(n.startswith('files match the lock') for n in m.__kernel_resolution__.notes)
 """,
     "ours/local": f"""
 import kernel_loader
