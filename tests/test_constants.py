@@ -32,3 +32,13 @@ def test_flags_endpoint_and_orgs(monkeypatch):
     assert constants.backend_override() == "cpu"
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     assert constants.hf_token() == "hf_x"
+
+
+def test_import_warning_delay(monkeypatch):
+    monkeypatch.delenv("KERNEL_LOADER_IMPORT_WARN_S", raising=False)
+    assert constants.import_warn_seconds() == constants.DEFAULT_IMPORT_WARN_SECONDS == 30.0
+    monkeypatch.setenv("KERNEL_LOADER_IMPORT_WARN_S", "2.5")
+    assert constants.import_warn_seconds() == 2.5
+    for bad in ("soon", "0", "-1"):
+        monkeypatch.setenv("KERNEL_LOADER_IMPORT_WARN_S", bad)
+        assert constants.import_warn_seconds() == 30.0
