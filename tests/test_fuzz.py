@@ -234,6 +234,11 @@ def test_small_budget(name, strategy, check):
     _make(strategy, check, SMALL)()
 
 
+def test_found_by_fuzzing_an_unknown_users_home_in_local_kernels():
+    with pytest.raises(ValueError, match="home folder that does not exist"):
+        local.parse_local_kernels("a/b=~surely-no-such-user-here/k")
+
+
 _started = time.perf_counter()
 
 
@@ -275,6 +280,8 @@ def test_long_run_report():
         f"Undocumented exceptions: {result['undocumented_exceptions']}. File opens/listings outside the fuzz folder: "
         f"{result['file_accesses_outside']} (the dependency check may read the folders on sys.path, where installed "
         f"distributions live). Imports caused: {result['imports_caused']}.\n\n"
+        "Found and fixed by this fuzzer: a LOCAL_KERNELS path `~0` (a user that does not exist) raised "
+        "RuntimeError from Path.expanduser; it is now a ValueError naming the entry.\n\n"
         "Documented exceptions: InvalidKernelRefError (ids), KernelMetadataError (metadata.json), LockfileError and "
         "KernelIntegrityError (locks), LockfileError (pyproject), ValueError (LOCAL_KERNELS); variant names raise nothing.\n"
     )

@@ -36,7 +36,10 @@ def parse_local_kernels(value: str) -> dict[str, Path]:
         path = text[match.end() : end].strip()
         if not path:
             raise ValueError(f"LOCAL_KERNELS entry for {match[1]!r} has an empty path (in {value!r})")
-        result[match[1]] = Path(path).expanduser()
+        try:
+            result[match[1]] = Path(path).expanduser()
+        except RuntimeError:  # "~user" naming no user on this machine
+            raise ValueError(f"LOCAL_KERNELS entry for {match[1]!r}: {path!r} names a home folder that does not exist") from None
     return result
 
 
