@@ -71,7 +71,9 @@ class Watch:
             text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else str(path)
             if not os.path.abspath(text).startswith(self.allowed):
                 self.outside.append((self.active, text))
-        elif event == "import":
+        elif event == "import" and self.active == "metadata.json":
+            # only metadata must import nothing; elsewhere the stdlib may load a module lazily
+            # (Path.expanduser("~user") imports pwd)
             self.imports.append((self.active, str(args[0])))
 
     def __call__(self, kind: str) -> "Watch":
