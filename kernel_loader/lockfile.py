@@ -33,11 +33,6 @@ from kernel_loader.variants import select_variant
 
 LOCK_NAME = "kernels.lock"
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
-
 
 @dataclass
 class LockEntry:
@@ -156,12 +151,19 @@ def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
     """
     pyproject = Path(pyproject)
     try:
+        # imported here: loading through a lock never reads TOML, and tomllib costs ~4 ms to import
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib  # type: ignore[no-redef]
         data = tomllib.loads(pyproject.read_text())
     except OSError as exc:
         raise LockfileError(f"Cannot read {pyproject}: {exc}.") from None
     except tomllib.TOMLDecodeError as exc:
         raise LockfileError(f"{pyproject} is not valid TOML: {exc}.") from None
-    table = data.get("tool", {}).get("kernels", {}).get("dependencies")
+    table = data
+    for key in ("tool", "kernels", "dependencies"):
+        table = table.get(key) if isinstance(table, dict) else None
     if not isinstance(table, dict) or not table:
         raise LockfileError(
             f"{pyproject} has no [tool.kernels.dependencies] table. Add one, e.g.\n"

@@ -141,6 +141,7 @@ lock_texts = st.one_of(st.lists(ours_entry | kernels_entry, max_size=3).map(json
 toml_values = st.one_of(st.integers(), st.booleans(), st.text(max_size=12).map(json.dumps), st.just('{revision = "main"}'),
                         st.just("{version = 2}"), st.just("1.5"), st.just("[1, 2]"), st.text(max_size=12))
 pyprojects = st.one_of(
+    st.sampled_from(["tool = 1", "[tool]\nkernels = 'x'", "[tool.kernels]\ndependencies = [1]", "[tool.kernels.dependencies]"]),
     st.lists(st.tuples(ids, toml_values), max_size=4).map(
         lambda rows: "[tool.kernels.dependencies]\n" + "".join(f"{json.dumps(k)} = {v}\n" for k, v in rows)),
     st.text(max_size=120),

@@ -169,3 +169,27 @@ def test_a_lock_written_by_the_kernels_package_loads_and_catches_a_flipped_byte(
         importer._loaded.clear()  # a fresh process would import again
         with pytest.raises(KernelIntegrityError, match="git_lfs_concat: expected sha256-"):
             kernel_loader.load_kernel(repo_id, lockfile=lock_path)
+
+
+@pytest.mark.parametrize("text", ["tool = 1", "[tool]\nkernels = 'x'", "[tool.kernels]\ndependencies = [1]"])
+def test_a_pyproject_whose_tool_tables_are_not_tables_is_a_lockfile_error(tmp_path, text):
+    (tmp_path / "pyproject.toml").write_text(text)
+    with pytest.raises(LockfileError, match=r"no \[tool.kernels.dependencies\] table"):
+        lockfile.read_dependencies(tmp_path / "pyproject.toml")
+
+
+def test_lock_entries_of_the_wrong_shape_are_lockfile_errors(tmp_path):
+    bad = tmp_path / "kernels.lock"
+    sha = "a" * 40
+    for entry, match in (
+        ({"dependency": 5, "lock": {"commit": sha}}, "'dependency' and 'lock' objects"),
+        ({"repo_id": "a/b@main", "sha": sha}, "invalid repo id"),
+        ({"repo_id": "a/b", "sha": sha, "variants": {"v": "sha256-x"}}, "must map variant names"),
+        ({"repo_id": "a/b", "sha": sha, "version": "1"}, "integer version"),
+    ):
+        bad.write_text(json.dumps([entry]))
+        with pytest.raises(LockfileError, match=match):
+            lockfile.read_lock(bad)
+    bad.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(LockfileError, match="not valid JSON"):
+        lockfile.read_lock(bad)
