@@ -134,6 +134,16 @@ def write_lock(entries: list[LockEntry], path: str | Path, fmt: str = "kernel_lo
     return path
 
 
+def toml_module():
+    """``tomllib`` (``tomli`` before Python 3.11), imported on first use: loading through a lock
+    never reads TOML, and importing tomllib costs ~4 ms."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib
+
+
 def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
     """``[tool.kernels.dependencies]`` of a pyproject.toml: ``{"org/name": version or revision}``.
 
@@ -142,12 +152,8 @@ def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
             neither an int (version) nor a string / ``{revision = "..."}`` / ``{version = N}``.
     """
     pyproject = Path(pyproject)
+    tomllib = toml_module()
     try:
-        # imported here: loading through a lock never reads TOML, and tomllib costs ~4 ms to import
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover
-            import tomli as tomllib  # type: ignore[no-redef]
         data = tomllib.loads(pyproject.read_text())
     except OSError as exc:
         raise LockfileError(f"Cannot read {pyproject}: {exc}.") from None
