@@ -13,7 +13,6 @@ arrived and matched the Hub's listing, so a reader never sees a half-downloaded 
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import NamedTuple
 
 from kernel_loader import constants
 from kernel_loader.errors import KernelIntegrityError
-from kernel_loader.integrity import CompletionRecord, read_record
+from kernel_loader.integrity import RECORD_DIR, CompletionRecord, read_record, record_path
 from kernel_loader.refs import version_branch
 
 REPO_TYPES = ("kernel", "model")
@@ -44,24 +43,7 @@ def repo_folder(repo_id: str, repo_type: str, cache_dir: str | Path | None = Non
     return cache_root(cache_dir) / f"{repo_type}s--{org}--{name}"
 
 
-RECORDS = "kernel-loader"  # our folder inside a repo folder, beside huggingface_hub's
-
-
-def record_path(folder: Path, sha: str, variant: str) -> Path:
-    """Where the completion record of (repo folder, sha, variant) lives."""
-    return folder / RECORDS / sha / f"{variant}.json"
-
-
-def read_metadata(variant_dir: Path) -> dict | None:
-    """A variant's ``metadata.json`` as a dict; None when absent or not a JSON object.
-
-    The one reader of metadata.json files on disk (cache, shipped copies, local folders).
-    """
-    try:
-        value = json.loads((Path(variant_dir) / "metadata.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+RECORDS = RECORD_DIR  # our folder inside a repo folder, beside huggingface_hub's
 
 
 class CachedSnapshot(NamedTuple):
@@ -85,6 +67,23 @@ class CachedSnapshot(NamedTuple):
         if rec.sha != self.sha or rec.variant != variant or rec.repo_id != self.repo_id:
             return None
         return rec
+
+    def check_records(self) -> None:
+        """Refuse a snapshot whose completion records exist but cannot be read.
+
+        A record is written atomically, so an unreadable one was damaged or edited afterwards: it
+        proves nothing about the files, and the load stops instead of skipping the variant.
+
+        Raises:
+            KernelIntegrityError: naming the record and how to re-fetch the snapshot.
+        """
+        folder = record_path(self.path.parent.parent, self.sha, "x").parent
+        try:
+            records = sorted(p for p in folder.iterdir() if p.name.endswith(".json") and not p.name.startswith("."))
+        except OSError:
+            return
+        for path in records:
+            read_record(path)
 
     def variants(self) -> list[str]:
         """Variants completely downloaded into this snapshot (those with a completion record)."""

@@ -208,16 +208,41 @@ def _download_ref(text: str, version: int | None, all_variants: bool, trust: boo
     return _downloaded(resolve(req), text, cache_dir, version)
 
 
-def _download_lock(lock_path: str, all_variants: bool, cache_dir: Path | None) -> list[dict]:
-    from kernel_loader import locking, lockfile
+def _check_lock_trust(lock_path: str, trust_remote_code: bool) -> None:
+    """Every org a lock names must be trusted: a lock entry pins a sha, it is not consent.
+
+    Raises:
+        LockfileError: the lock file is missing or malformed.
+        UntrustedKernelError: an entry's org is not trusted and ``trust_remote_code`` is False.
+    """
+    from kernel_loader import lockfile, trust
+
+    for entry in lockfile.read_lock(lock_path):
+        trust.check_trust(entry.repo_id, trust_remote_code)
+
+
+def _download_lock(lock_path: str, all_variants: bool, trust_remote_code: bool, cache_dir: Path | None) -> list[dict]:
+    from kernel_loader import cache, integrity, locking, lockfile
     from kernel_loader.resolver import resolve
 
     results = []
     for entry in lockfile.read_lock(lock_path):
-        # Listing a kernel in a lock file is the consent that trust_remote_code gives.
-        req = locking.locked_request(entry, Path(lock_path), all_variants=all_variants, cache_dir=cache_dir, trust_remote_code=True)
+        req = locking.locked_request(
+            entry, Path(lock_path), all_variants=all_variants, cache_dir=cache_dir, trust_remote_code=trust_remote_code
+        )
         res = resolve(req)
         results.append(_downloaded(res, f"{entry.repo_id}@{entry.sha[:12]}", cache_dir))
+        # The resolver checked the chosen variant against the lock; every other one fetched now is
+        # re-hashed here, so nothing downloaded for this lock goes unchecked.
+        for variant in res.fetched:
+            expected = entry.variants.get(variant)
+            if variant != res.variant and expected and expected.get("hash"):
+                snapshot = cache.find_snapshot(entry.repo_id, entry.sha, cache_dir)
+                assert snapshot is not None
+                integrity.verify_lock_variant(
+                    snapshot.build_dir / variant, expected, f"{entry.repo_id}@{entry.sha[:12]} variant {variant}",
+                    memo_dir=integrity.default_memo_dir(), use_memo=False,
+                )
     return results
 
 
@@ -232,6 +257,8 @@ def cmd_download(args: argparse.Namespace) -> int:
     if not args.ids and not args.lock:
         raise errors.UsageError("download: give kernel ids (org/name[@rev]) or --lock kernels.lock; see `kernel-loader download --help`.")
     refs = [_parse_id(text) for text in args.ids]  # every id checked before anything is fetched
+    if args.lock:  # every locked org is checked before anything is removed or fetched
+        _check_lock_trust(args.lock, args.trust_remote_code)
     if args.force:
         # --force: drop the cached copy first so a damaged or partial snapshot is fetched afresh.
         targets = [(r.repo_id, r.revision or _cached_default_revision(r.repo_id, args.version, _cache_dir(args))) for r in refs]
@@ -245,7 +272,7 @@ def cmd_download(args: argparse.Namespace) -> int:
     # download never settles for the shipped copy (it says so in its error), so the warning
     # that the shipped copy is in use would only repeat the reason
     warnings.filterwarnings("ignore", message="Using the copy of .* shipped with kernel_loader")
-    locked = _download_lock(args.lock, args.all_variants, _cache_dir(args)) if args.lock else []
+    locked = _download_lock(args.lock, args.all_variants, args.trust_remote_code, _cache_dir(args)) if args.lock else []
     if not args.json:
         for r in locked:
             _show_download(r)
@@ -344,7 +371,7 @@ def _machine_from_args(args: argparse.Namespace):
 
 def _offline_listing(res, cache_dir: Path | None) -> list[str] | None:
     """Every variant of the resolved revision as the completion records list them; None if unknown."""
-    from kernel_loader import cache
+    from kernel_loader import cache, integrity
 
     if res.source != "cache" or not res.sha:
         return None
@@ -353,11 +380,9 @@ def _offline_listing(res, cache_dir: Path | None) -> list[str] | None:
         folder = cache.repo_folder(res.repo_id, repo_type, cache_dir) / "kernel-loader" / res.sha
         for record in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             try:
-                listed = json.loads(record.read_text()).get("variants")
-            except (OSError, ValueError, AttributeError):
+                names |= set(integrity.read_record(record).variants)
+            except errors.KernelIntegrityError:
                 continue
-            if isinstance(listed, list):
-                names |= {v for v in listed if isinstance(v, str)}
     return sorted(names) or None
 
 
@@ -472,12 +497,14 @@ def _metadata_summary(build: dict[str, dict | None]) -> dict:
             "python_depends": sorted(depends), "backends": sorted(backends), "builds": sorted(build)}
 
 
-def _read_json_file(path: Path) -> dict | None:
+def _readable_metadata(variant_dir: Path) -> dict | None:
+    """A variant's metadata for ``info``; a malformed file says nothing (info describes, it never fails on it)."""
+    from kernel_loader import metadata
+
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return metadata.variant_metadata(variant_dir)
+    except errors.KernelMetadataError:
         return None
-    return value if isinstance(value, dict) else None
 
 
 def _info(args: argparse.Namespace, text: str) -> dict:
@@ -494,7 +521,7 @@ def _info(args: argparse.Namespace, text: str) -> dict:
             raise errors.KernelNotFoundError(f"{text}: no such folder.")
         build_dir, single = local.build_folder(path, text)
         names = [single] if single else local.list_variants(build_dir)
-        build = {n: _read_json_file(build_dir / n / "metadata.json") for n in names}
+        build = {n: _readable_metadata(build_dir / n) for n in names}
         return {"path": str(path.resolve()), **_metadata_summary(build)}
     ref = _parse_id(text)
     if args.revision is not None and args.version is not None:
@@ -538,7 +565,13 @@ def _hub_metadata(repo_id: str, repo_type: str, sha: str, names: list[str]) -> d
 
     with tempfile.TemporaryDirectory(prefix="kernel-loader-info-") as tmp:
         settings = hub.HubSettings.from_env()
-        return {n: hub.read_metadata(repo_id, repo_type, sha, n, Path(tmp), settings) for n in names}
+        build: dict[str, dict | None] = {}
+        for n in names:
+            try:
+                build[n] = hub.read_metadata(repo_id, repo_type, sha, n, Path(tmp), settings)
+            except errors.KernelMetadataError:  # as for a local folder: info describes, it never fails on it
+                build[n] = None
+        return build
 
 
 def _info_cached(ref, args: argparse.Namespace) -> dict:
@@ -551,7 +584,7 @@ def _info_cached(ref, args: argparse.Namespace) -> dict:
             f"{ref.repo_id}{'@' + revision if revision else ''} is not in the cache {cache.cache_root(_cache_dir(args))} "
             f"and the Hub is not used. Fetch it with `kernel-loader download {ref}`."
         )
-    build = {n: _read_json_file(snapshot.build_dir / n / "metadata.json") for n in snapshot.variants()}
+    build = {n: _readable_metadata(snapshot.build_dir / n) for n in snapshot.variants()}
     return {"repo_id": ref.repo_id, "revision": revision, "sha": snapshot.sha, "origin": "cache", **_metadata_summary(build)}
 
 
@@ -624,37 +657,16 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from kernel_loader import cache, lockfile
+    from kernel_loader import integrity, lockfile
 
     path = Path(args.lock).expanduser() if args.lock else lockfile.find_lockfile()
-    if path is None:
-        raise errors.LockfileError("No kernels.lock here or in a parent folder; pass --lock PATH (create one with `kernel-loader lock`).")
-    rows, code = [], EXIT_OK
-    for entry in lockfile.read_lock(path):
-        snapshot = cache.find_snapshot(entry.repo_id, entry.sha, _cache_dir(args))
-        cached = snapshot.variants() if snapshot else []
-        if not cached:
-            rows.append({"repo_id": entry.repo_id, "sha": entry.sha, "variant": None, "status": "missing",
-                         "detail": f"not in the cache; fetch it with `kernel-loader download --lock {path}`"})
-            code = code or EXIT_NOT_FOUND
-            continue
-        for variant in cached:
-            expected = entry.variants.get(variant)
-            if not expected or not expected.get("hash"):
-                status = "unlocked"
-                detail = ("the lock records no content hash for this variant (a `kernels`-format lock pins only the "
-                          "commit); re-lock with `kernel-loader lock` to record hashes")
-                code = code or EXIT_INTEGRITY
-            else:
-                try:
-                    lockfile.verify_variant(snapshot.build_dir / variant, expected, f"{entry.repo_id} {variant}", use_memo=False)
-                    status, detail = "ok", expected["hash"]
-                except errors.KernelIntegrityError as exc:
-                    status, code = "MISMATCH", EXIT_INTEGRITY
-                    detail = (f"{exc}\nRe-fetch it: `kernel-loader download --force --lock {path}`")
-            rows.append({"repo_id": entry.repo_id, "sha": entry.sha, "variant": variant, "status": status, "detail": detail})
+    entries = lockfile.read_lock(path) if path is not None else []
+    rows = integrity.verify_cache(_cache_dir(args), entries, memo_dir=integrity.default_memo_dir())
+    statuses = {r["status"] for r in rows}
+    code = (EXIT_INTEGRITY if statuses & {"MISMATCH", "unlocked"} else EXIT_NOT_FOUND if "missing" in statuses
+            else EXIT_OK)
     if args.json:
-        _print_json({"lockfile": str(path), "results": rows})
+        _print_json({"lockfile": str(path) if path is not None else None, "results": rows})
         if code:
             raise _ErrorReported(code)
         return code
@@ -662,6 +674,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"{r['status']:8} {r['repo_id']}@{r['sha'][:12]} {r['variant'] or '(not in cache)'}")
         if r["status"] != "ok":
             print("         " + r["detail"].replace("\n", "\n         "))
+    if "missing" in statuses:
+        print(f"some locked kernels are not cached: `kernel-loader download --lock {path}`")
     return code
 
 
@@ -872,8 +886,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ids", nargs="+", metavar="ID", help="org/name")
     p.set_defaults(func=cmd_versions)
 
-    p = sub.add_parser("verify", parents=[flags], help="re-hash cached kernels against a lock file")
-    p.add_argument("--lock", help="lock file (default: the nearest kernels.lock)")
+    p = sub.add_parser("verify", parents=[flags], help="re-hash every cached kernel (against the lock or the download record)")
+    p.add_argument("--lock", help="lock file (default: the nearest kernels.lock, if any)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("cache", parents=[flags], help="list, prune or remove cached kernels")

@@ -168,3 +168,19 @@ def lock_timeout() -> float:
         SettingError: the variable is set to something that is not a positive number.
     """
     return _number("KERNEL_LOADER_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, 0.0)
+
+
+#: Seconds a kernel import may run before a warning names it (``KERNEL_LOADER_IMPORT_WARN_S``).
+DEFAULT_IMPORT_WARN_SECONDS = 30.0
+
+
+def import_warn_seconds() -> float:
+    """``KERNEL_LOADER_IMPORT_WARN_S``: after this many seconds a still-running kernel import is logged.
+
+    A value that is not a positive number falls back to the default (30 s).
+    """
+    try:
+        value = float(os.environ.get("KERNEL_LOADER_IMPORT_WARN_S", ""))
+    except ValueError:
+        return DEFAULT_IMPORT_WARN_SECONDS
+    return value if value > 0 else DEFAULT_IMPORT_WARN_SECONDS

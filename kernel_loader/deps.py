@@ -1,10 +1,18 @@
-"""Python dependencies declared by a kernel build (``metadata.json`` ``python-depends``)."""
+"""Python dependencies declared by a kernel build (``metadata.json`` ``python-depends``).
+
+A dependency counts as installed when its distribution is (``importlib.metadata``), or when a
+top-level module of its import name can be found (``importlib.util.find_spec`` on a name without
+dots). Nothing is imported: ``find_spec("a.b")`` would import ``a``, so only top-level names are
+ever looked up.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 from kernel_loader.errors import MissingDependencyError
+from kernel_loader.metadata import requirement_name
 
 # Distribution name -> import name, where they differ (as in the `kernels` package's table).
 _IMPORT_NAMES = {
@@ -16,23 +24,34 @@ _IMPORT_NAMES = {
 _PIP_NAMES = {"tvm-ffi": "apache-tvm-ffi"}
 
 
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+        return True
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        pass
+    module = _IMPORT_NAMES.get(name, name.replace("-", "_"))
+    if module is None:
+        return True
+    top = module.split(".", 1)[0]
+    if not top.isidentifier():
+        return False
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def missing_dependencies(metadata: dict | None) -> list[str]:
-    """The declared dependencies that cannot be imported here (pip names)."""
+    """The declared dependencies that are not installed here (pip names); imports nothing.
+
+    ``metadata`` is a record from :mod:`kernel_loader.metadata` (``python-depends`` a list of
+    requirement strings).
+    """
     missing = []
     for dep in (metadata or {}).get("python-depends") or []:
-        name = str(dep).split(";")[0].split("[")[0].strip()
-        for op in ("==", ">=", "<=", "~=", ">", "<", "!="):
-            name = name.split(op)[0].strip()
-        if not name:
-            continue
-        module = _IMPORT_NAMES.get(name, name.replace("-", "_"))
-        if module is None:
-            continue
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
+        name = requirement_name(str(dep))
+        if name and not _installed(name):
             missing.append(_PIP_NAMES.get(name, name))
     return missing
 

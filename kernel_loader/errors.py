@@ -60,7 +60,19 @@ class NoCompatibleVariantError(KernelLoaderError):
 
 
 class KernelIntegrityError(KernelLoaderError):
-    """Files on disk do not match the hash recorded in the lock file."""
+    """Files on disk do not match their recorded digests, or a path leads outside its snapshot."""
+
+    exit_code = 5
+
+
+class UnsafeRepoContentError(KernelIntegrityError):
+    """The Hub or a mirror listed a file name that would land outside the cache (``..``, absolute)."""
+
+    exit_code = 5
+
+
+class KernelMetadataError(KernelLoaderError):
+    """A variant's ``metadata.json`` is too large, not JSON, too deeply nested or has a bad field."""
 
     exit_code = 5
 
@@ -134,7 +146,9 @@ EXIT_CODES: dict[int, tuple[tuple[str, ...], str]] = {
         "the repo or revision is not found (or not cached while offline / the Hub is unreachable), "
         "or a download broke off"),
     4: (("NoCompatibleVariantError",), "no build variant fits this machine"),
-    5: (("KernelIntegrityError",), "files differ from the completion record or the lock"),
+    5: (("KernelIntegrityError", "UnsafeRepoContentError", "KernelMetadataError"),
+        "the kernel's files cannot be used as they are: they differ from the completion record or the lock, "
+        "a path leads outside the snapshot, the mirror lists unsafe file names, or metadata.json is malformed"),
     6: (("UntrustedKernelError",), "the kernel's org is not trusted"),
     7: (("MissingDependencyError",), "the kernel needs Python packages that are not installed"),
     8: (("CacheError", "CacheNotWritableError", "CacheFullError", "CacheLockError"),

@@ -66,18 +66,3 @@ def hash_folder(folder: Path, kinds: dict[str, str] | None = None) -> tuple[str,
         kind = kinds.get(rel, "sha256").split(":", 1)[0]
         files[rel] = file_digest(path, kind if kind in ("sha256", "git-sha1") else "sha256")
     return combine(files), files
-
-
-def fingerprint(folder: Path) -> str:
-    """A cheap stat-based fingerprint (path, size, mtime, inode of every file, links followed).
-
-    Used to skip re-hashing a folder that was verified before and has not changed since.
-
-    Raises:
-        OSError: the folder cannot be listed.
-    """
-    h = hashlib.sha256()
-    for rel, path in variant_files(folder):
-        st = path.stat()
-        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode())
-    return h.hexdigest()

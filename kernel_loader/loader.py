@@ -234,23 +234,25 @@ def has_kernel(repo_id: str, revision: str | None = None, *, version: int | None
     return True
 
 
-def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleType:
+def load_kernel(repo_id: str, *, lockfile: str | Path | None = None, trust_remote_code: bool = False) -> ModuleType:
     """Load the kernel pinned by a lock file; never touches the network.
 
     ``lockfile`` defaults to the nearest ``kernels.lock`` in the current folder or its parents.
     The variant's files are checked against the lock's hash before import (a successful check
-    is remembered in the state folder, so a warm load only stats the files).
+    is remembered in the state folder, so a warm load only stats the files). The lock pins a
+    sha but is not consent: an org outside the trusted list needs ``trust_remote_code=True``.
 
     Raises:
         InvalidKernelRefError: a malformed id (checked before the lock file is looked for).
-        LockfileError: no lock file, or ``repo_id`` is not in it.
+        LockfileError: no lock file, ``repo_id`` is not in it, or its ``hash_type`` is unknown.
+        UntrustedKernelError: the org is not trusted and ``trust_remote_code`` is False.
         OfflineKernelMissingError: the locked sha (or variant) is not in the cache; run
             ``kernel-loader download --lock kernels.lock``.
         NoCompatibleVariantError: no locked variant fits this machine.
         KernelIntegrityError: the files differ from the lock.
         KernelImportError: the kernel's package failed to import.
     """
-    key = ("lock", repo_id, str(lockfile) if lockfile is not None else None)
+    key = ("lock", repo_id, str(lockfile) if lockfile is not None else None, trust_remote_code)
     module = _recall(key)
     if module is not None:
         return module
@@ -261,7 +263,7 @@ def load_kernel(repo_id: str, *, lockfile: str | Path | None = None) -> ModuleTy
     from kernel_loader import lockfile as lockmod
 
     path, entry = lockmod.lock_for(repo_id, lockfile)
-    res = resolve(locking.locked_request(entry, path, download=False))
+    res = resolve(locking.locked_request(entry, path, download=False, trust_remote_code=trust_remote_code))
     module = _import(res)
     _remember(key, module)
     return module

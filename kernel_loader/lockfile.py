@@ -15,22 +15,15 @@ fmt="kernels")`` writes it for projects that also use that package.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel_loader import cache, constants, hashing
-from kernel_loader.errors import KernelIntegrityError, LockfileError
+from kernel_loader import cache
+from kernel_loader.errors import LockfileError
 from kernel_loader.refs import KernelRef
 
 LOCK_NAME = "kernels.lock"
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef]
 
 
 @dataclass
@@ -74,8 +67,8 @@ def read_lock(path: str | Path) -> list[LockEntry]:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise LockfileError(f"Cannot read lock file {path}: {exc}. Create it with `kernel-loader lock`.") from None
-    except ValueError as exc:
-        raise LockfileError(f"Lock file {path} is not valid JSON ({exc}). Re-create it with `kernel-loader lock`.") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the json module follows
+        raise LockfileError(f"Lock file {path} is not valid JSON ({type(exc).__name__}). Re-create it with `kernel-loader lock`.") from None
     if not isinstance(data, list):
         raise LockfileError(f"Lock file {path} must hold a JSON list of kernels, found {type(data).__name__}.")
     entries = []
@@ -85,21 +78,32 @@ def read_lock(path: str | Path) -> list[LockEntry]:
         if "dependency" in item:  # kernels >= 0.11
             dep, lock = item.get("dependency") or {}, item.get("lock") or {}
             if not isinstance(dep, dict) or not isinstance(lock, dict):
-                raise LockfileError(f"Lock file {path}: 'dependency' and 'lock' of entry {i} must be objects.")
+                raise LockfileError(f"Lock file {path}: entry {i} needs 'dependency' and 'lock' objects.")
             repo_id, sha = dep.get("repo-id"), lock.get("commit")
             entry = LockEntry(str(repo_id), str(sha), {}, dep.get("version"), dep.get("revision"))
         else:
             repo_id, sha = item.get("repo_id"), item.get("sha")
             variants = item.get("variants") or {}
-            if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
-                raise LockfileError(f"Lock file {path}: 'variants' of entry {i} must map variant names to objects.")
+            if not isinstance(variants, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("hash", ""), str) and isinstance(v.get("hash_type", ""), str)
+                for v in variants.values()
+            ):
+                raise LockfileError(
+                    f"Lock file {path}: 'variants' of entry {i} must map variant names to "
+                    '{"hash": "sha256-…", "hash_type": "…"} objects.'
+                )
             entry = LockEntry(str(repo_id), str(sha), variants, item.get("version"), item.get("revision"))
         try:
-            KernelRef.parse(entry.repo_id)
+            if KernelRef.parse(entry.repo_id).repo_id != entry.repo_id:
+                raise ValueError(entry.repo_id)
         except Exception:
             raise LockfileError(f"Lock file {path}: entry {i} has an invalid repo id {repo_id!r}.") from None
         if not cache.is_sha(entry.sha):
             raise LockfileError(f"Lock file {path}: {entry.repo_id} has sha {sha!r}, expected 40 hex digits.")
+        if (entry.version is not None and (isinstance(entry.version, bool) or not isinstance(entry.version, int))) or (
+            entry.revision is not None and not isinstance(entry.revision, str)
+        ):
+            raise LockfileError(f"Lock file {path}: {entry.repo_id} needs an integer version or a string revision.")
         entries.append(entry)
     return entries
 
@@ -130,6 +134,16 @@ def write_lock(entries: list[LockEntry], path: str | Path, fmt: str = "kernel_lo
     return path
 
 
+def toml_module():
+    """``tomllib`` (``tomli`` before Python 3.11), imported on first use: loading through a lock
+    never reads TOML, and importing tomllib costs ~4 ms."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib
+
+
 def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
     """``[tool.kernels.dependencies]`` of a pyproject.toml: ``{"org/name": version or revision}``.
 
@@ -138,6 +152,7 @@ def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
             neither an int (version) nor a string / ``{revision = "..."}`` / ``{version = N}``.
     """
     pyproject = Path(pyproject)
+    tomllib = toml_module()
     try:
         data = tomllib.loads(pyproject.read_text())
     except OSError as exc:
@@ -164,75 +179,6 @@ def read_dependencies(pyproject: str | Path) -> dict[str, int | str]:
             raise LockfileError(f"{pyproject}: {exc}") from None
         deps[repo_id] = spec
     return deps
-
-
-# -- verification -------------------------------------------------------------------------------
-
-
-def _verified_path() -> Path:
-    return constants.state_dir() / "verified.json"
-
-
-def _load_verified() -> dict[str, str]:
-    try:
-        data = json.loads(_verified_path().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _remember(key: str, fp: str) -> None:
-    # Best effort: a read-only home only costs a re-hash next time.
-    try:
-        data = _load_verified()
-        data[key] = fp
-        target = _verified_path()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".verified-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, target)
-    except OSError:
-        pass
-
-
-def verify_variant(path: Path, expected: dict, what: str, use_memo: bool = True) -> str:
-    """Check a variant folder against a lock's variant entry; returns ``"verified"`` or ``"remembered"``.
-
-    Raises:
-        KernelIntegrityError: the hash differs (the message names changed, missing and extra files).
-    """
-    want = str(expected.get("hash", ""))
-    files = expected.get("files") or {}
-    key = f"{path.resolve()}|{want}"
-    fp = hashing.fingerprint(path)
-    if use_memo and _load_verified().get(key) == fp:
-        return "remembered"
-    got, got_files = hashing.hash_folder(path, files)
-    if got != want:
-        details = []
-        if files:
-            changed = sorted(k for k in files if k in got_files and got_files[k] != files[k])
-            missing = sorted(k for k in files if k not in got_files)
-            extra = sorted(k for k in got_files if k not in files)
-            for label, items in (("changed", changed), ("missing", missing), ("unexpected", extra)):
-                if items:
-                    details.append(f"{label}: {', '.join(items[:10])}{' …' if len(items) > 10 else ''}")
-        raise KernelIntegrityError(
-            f"{what}: files in {path} do not match the lock (expected {want}, found {got})"
-            + (f"; {'; '.join(details)}" if details else "")
-            + f". {_refetch_advice(path, what)}Re-lock with `kernel-loader lock` if the change is intended."
-        )
-    _remember(key, fp)
-    return "verified"
-
-
-def _refetch_advice(variant_dir: Path, what: str) -> str:
-    # A cached variant lives at snapshots/<sha>/build/<variant>: `download --force` replaces it.
-    sha, repo_id = variant_dir.parent.parent.name, what.split()[0].split("@")[0]
-    if not cache.is_sha(sha) or "/" not in repo_id:
-        return ""
-    return f"Re-fetch it with `kernel-loader download --force {repo_id}@{sha}`. "
 
 
 def lock_for(repo_id: str, lockfile: str | Path | None) -> tuple[Path, LockEntry]:

@@ -4,7 +4,8 @@
 The resolver decides the sha and the variants; this module only turns a dependency spec or a
 lock entry into a :class:`~kernel_loader.resolver.Request` and a resolved revision into a
 :class:`~kernel_loader.lockfile.LockEntry` (hashes from the Hub's file listing, nothing
-downloaded). The lock format and its verification live in :mod:`kernel_loader.lockfile`.
+downloaded). The lock format lives in :mod:`kernel_loader.lockfile`, its verification in
+:mod:`kernel_loader.integrity`.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def publish_variant(job: VariantFetch, cache_dir: Path, settings: hub.HubSetting
         files = _fetch_all(job, root, settings, what)
         try:
             write_refs(folder, job.refs)
-            rec = CompletionRecord(job.repo_id, job.sha, job.variant, files, list(job.variants), dict(job.refs))
+            rec = CompletionRecord(job.repo_id, job.sha, job.variant, files, tuple(job.variants), dict(job.refs))
             _atomic_write(record, json.dumps(rec.to_json(), indent=1) + "\n")
         except OSError as exc:
             raise _write_error(exc, what, root, 4096, job.prefetch) from None

@@ -16,11 +16,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from kernel_loader import cache, constants, deps, hashing, integrity, trust
+from kernel_loader import cache, constants, deps, hashing, importer, integrity, metadata, trust
 from kernel_loader.errors import (
     InvalidKernelRefError,
     KernelIntegrityError,
     KernelNotFoundError,
+    LockfileError,
     NoCompatibleVariantError,
     OfflineKernelMissingError,
 )
@@ -114,7 +115,7 @@ def _finish(
 
 
 def _local_meta(build_dir: Path) -> MetadataReader:
-    return lambda variant: cache.read_metadata(build_dir / variant)
+    return lambda variant: metadata.variant_metadata(build_dir / variant)
 
 
 def _new(req: Request, source: str, machine: Machine, sha: str | None = None, ref_name: str | None = None) -> Resolution:
@@ -208,6 +209,8 @@ class _CacheMiss(NamedTuple):
 def _from_cache(req: Request, machine: Machine, ref_name: str, sha: str, source_note: str) -> Resolution | _CacheMiss:
     """The cached, complete variant of ``sha`` for this machine, checked against its record (and lock)."""
     snapshot = cache.find_snapshot(req.ref.repo_id, sha, req.cache_dir)
+    if snapshot is not None:
+        snapshot.check_records()
     if snapshot is None or not snapshot.variants():
         return _CacheMiss(None)
     res = _new(req, "cache", machine, sha, ref_name)
@@ -222,8 +225,11 @@ def _from_cache(req: Request, machine: Machine, ref_name: str, sha: str, source_
         return _CacheMiss(exc)  # fetched for another machine; the caller may ask the Hub
     _check_lock(req, res)  # first: a lock's message names the lock and how to re-lock
     record = snapshot.record(res.variant)  # type: ignore[arg-type]
-    assert record is not None
-    integrity.verify_files(snapshot.path, record.files, memo_dir=constants.state_dir() / "integrity")
+    assert record is not None and res.path is not None
+    what = f"{res.repo_id}@{sha[:12]} variant {res.variant}"
+    # Links out of the snapshot first: their message names the link, a digest mismatch would not.
+    importer.check_contained(res.path, importer.bounds_for(res.path), what)
+    integrity.verify_files(snapshot.path, record.files, memo_dir=integrity.default_memo_dir(), what=what)
     res.notes.append("files match the digests recorded at download")
     return res
 
@@ -232,11 +238,12 @@ def _check_lock(req: Request, res: Resolution) -> None:
     """Verify the chosen variant against the lock's content hash, when the lock records one."""
     if req.lock is None:
         return
-    from kernel_loader import lockfile
-
     expected = req.lock.variants.get(res.variant or "")
     if expected and expected.get("hash"):
-        outcome = lockfile.verify_variant(res.path, expected, f"{res.repo_id}@{req.lock.sha[:12]} variant {res.variant}")  # type: ignore[arg-type]
+        outcome = integrity.verify_lock_variant(
+            res.path, expected, f"{res.repo_id}@{req.lock.sha[:12]} variant {res.variant}",  # type: ignore[arg-type]
+            memo_dir=integrity.default_memo_dir(),
+        )
         res.notes.append(f"files match the lock ({outcome})")
     else:
         res.notes.append("the lock records no content hash for this variant (kernels 0.17 format): sha pinned only")
@@ -254,7 +261,7 @@ def _shipped_for_lock(req: Request, machine: Machine, why: str) -> Resolution | 
         return None
     try:
         _check_lock(req, res)
-    except KernelIntegrityError:
+    except (KernelIntegrityError, LockfileError):
         return None
     res.notes.append("not in the cache; the shipped copy has exactly the locked files (hash checked)")
     res.fallback = why
@@ -427,6 +434,7 @@ def resolve(req: Request) -> Resolution:
         KernelDownloadError, CacheFullError, CacheNotWritableError, CacheLockError: a needed
             download failed (server died or stalled, disk full, read-only cache, no working locks).
         SettingError: a timeout/retry environment variable is malformed.
+        KernelMetadataError: a candidate variant's metadata.json is malformed or too large.
     """
     if req.ref.revision is not None and req.version is not None:
         raise InvalidKernelRefError(

@@ -226,7 +226,9 @@ def project_settings(lock_path: Path) -> dict:
     Values are written as on the command line (``head-dims = "64,128"``) or as TOML lists and
     numbers (``head-dims = [64, 128]``). Raises WarmupError for an unknown key.
     """
-    from kernel_loader.lockfile import tomllib  # tomllib, or tomli before Python 3.11
+    from kernel_loader.lockfile import toml_module
+
+    tomllib = toml_module()
 
     pyproject = Path(lock_path).resolve().parent / "pyproject.toml"
     if not pyproject.is_file():

@@ -51,3 +51,13 @@ def test_timeouts_retries_and_lock_wait(monkeypatch):
     monkeypatch.setenv("KERNEL_LOADER_READ_TIMEOUT", "0")
     with pytest.raises(SettingError, match="at least"):
         constants.read_timeout()
+
+
+def test_import_warning_delay(monkeypatch):
+    monkeypatch.delenv("KERNEL_LOADER_IMPORT_WARN_S", raising=False)
+    assert constants.import_warn_seconds() == constants.DEFAULT_IMPORT_WARN_SECONDS == 30.0
+    monkeypatch.setenv("KERNEL_LOADER_IMPORT_WARN_S", "2.5")
+    assert constants.import_warn_seconds() == 2.5
+    for bad in ("soon", "0", "-1"):
+        monkeypatch.setenv("KERNEL_LOADER_IMPORT_WARN_S", bad)
+        assert constants.import_warn_seconds() == 30.0

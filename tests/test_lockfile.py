@@ -126,3 +126,77 @@ def test_shipped_copy_serves_a_lock_when_its_files_match(hub_env, hub_server, tm
     lockfile.write_lock([entry], lock_path)
     with pytest.raises(OfflineKernelMissingError):
         _resolve_locked("kernels-community/flash-attn2", lock_path)
+
+
+def _kernels_package_lock(hub_server, repo_id, sha):
+    """A lock exactly as the `kernels` package's ``get_kernel_locks`` wrote it (format and hash
+    algorithm from its lockfile.py): one ``git_lfs_concat`` hash per variant, sha256 over the
+    byte-sorted (path in variant, LFS sha256 or git blob id). `kernels` read the ids from
+    ``repo_info(files_metadata=True)``; olah leaves ``blob_id`` out there, so the same ids come
+    from the recursive tree listing."""
+    import hashlib
+    from pathlib import Path
+
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    tree = HfApi(endpoint=hub_server.endpoint).list_repo_tree(repo_id, path_in_repo="build", revision=sha, recursive=True)
+    per_variant = {}
+    for item in tree:
+        if isinstance(item, RepoFile) and item.path.startswith("build/torch"):
+            path = Path(item.path)
+            oid = item.lfs.sha256 if item.lfs is not None else item.blob_id
+            per_variant.setdefault(path.parts[1], []).append((Path(*path.parts[2:]).as_posix().encode("utf-8"), oid))
+    variants = {}
+    for variant, files in per_variant.items():
+        m = hashlib.sha256()
+        for name, oid in sorted(files):
+            m.update(name)
+            m.update(bytes.fromhex(oid))
+        variants[variant] = {"hash": f"sha256-{m.hexdigest()}", "hash_type": "git_lfs_concat"}
+    return [{"repo_id": repo_id, "sha": sha, "variants": variants}]
+
+
+def test_a_lock_written_by_the_kernels_package_loads_and_catches_a_flipped_byte(
+    hub_env, hub_server, locked_repo, tmp_path, monkeypatch
+):
+    from test_integrity import flip_one_byte_keep_mtime
+
+    repo_id, sha = locked_repo
+    lock_path = tmp_path / "kernels.lock"
+    lock_path.write_text(json.dumps(_kernels_package_lock(hub_server, repo_id, sha), indent=2))
+    assert cli.main(["download", "--lock", str(lock_path)]) == 0
+    with hub_server.offline():
+        module = kernel_loader.load_kernel(repo_id, lockfile=lock_path)
+        assert module.answer() == 11 and "files match the lock (remembered)" in module.__kernel_resolution__.notes
+        flip_one_byte_keep_mtime(module.__kernel_resolution__.path / "locky" / "_impl.py")
+        loader.clear_memo()
+        from kernel_loader import importer
+
+        importer._loaded.clear()  # a fresh process would import again
+        with pytest.raises(KernelIntegrityError, match="git_lfs_concat: expected sha256-"):
+            kernel_loader.load_kernel(repo_id, lockfile=lock_path)
+
+
+@pytest.mark.parametrize("text", ["tool = 1", "[tool]\nkernels = 'x'", "[tool.kernels]\ndependencies = [1]"])
+def test_a_pyproject_whose_tool_tables_are_not_tables_is_a_lockfile_error(tmp_path, text):
+    (tmp_path / "pyproject.toml").write_text(text)
+    with pytest.raises(LockfileError, match=r"no \[tool.kernels.dependencies\] table"):
+        lockfile.read_dependencies(tmp_path / "pyproject.toml")
+
+
+def test_lock_entries_of_the_wrong_shape_are_lockfile_errors(tmp_path):
+    bad = tmp_path / "kernels.lock"
+    sha = "a" * 40
+    for entry, match in (
+        ({"dependency": 5, "lock": {"commit": sha}}, "'dependency' and 'lock' objects"),
+        ({"repo_id": "a/b@main", "sha": sha}, "invalid repo id"),
+        ({"repo_id": "a/b", "sha": sha, "variants": {"v": "sha256-x"}}, "must map variant names"),
+        ({"repo_id": "a/b", "sha": sha, "version": "1"}, "integer version"),
+    ):
+        bad.write_text(json.dumps([entry]))
+        with pytest.raises(LockfileError, match=match):
+            lockfile.read_lock(bad)
+    bad.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(LockfileError, match="not valid JSON"):
+        lockfile.read_lock(bad)

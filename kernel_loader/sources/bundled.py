@@ -12,7 +12,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from kernel_loader import constants
+from kernel_loader import constants, metadata
 
 logger = logging.getLogger("kernel_loader")
 
@@ -60,13 +60,8 @@ def bundled_repo_ids() -> list[str]:
 
 def bundled_version(variant_dir: Path) -> int | None:
     """The ``version`` recorded in a shipped variant's ``metadata.json`` (None if absent)."""
-    from kernel_loader.cache import read_metadata
-
-    value = (read_metadata(variant_dir) or {}).get("version")
-    try:
-        return int(value) if value is not None else None
-    except (ValueError, TypeError):
-        return None
+    meta = metadata.read_metadata(variant_dir / "metadata.json")
+    return meta.version if meta is not None else None
 
 
 _warned: set[str] = set()

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, TypeVar
 
-from kernel_loader import constants
+from kernel_loader import constants, metadata
 from kernel_loader.refs import version_branch
 
 logger = logging.getLogger("kernel_loader")
@@ -213,6 +213,21 @@ def _is_missing(exc: BaseException) -> bool:
     return getattr(response, "status_code", None) in (401, 403, 404)
 
 
+def _unsafe_names(exc: BaseException, settings: HubSettings, what: str) -> BaseException | None:
+    """huggingface_hub refuses a listed file name with ``..`` or an absolute path (ValueError);
+    that is the mirror's doing, so it becomes our documented error instead of a traceback."""
+    text = str(exc)
+    if not (isinstance(exc, ValueError) and ("Invalid filename" in text or "Invalid pointer path" in text)):
+        return None
+    from kernel_loader.errors import UnsafeRepoContentError
+
+    return UnsafeRepoContentError(
+        f"{what}: {settings.endpoint} lists a file name that would land outside the cache "
+        f"({text.split('. ')[0]}); nothing was written. The Hub or mirror serving it is broken or compromised: "
+        "check HF_ENDPOINT, or load from a cache you trust with HF_HUB_OFFLINE=1."
+    )
+
+
 def _is_server_error(exc: BaseException) -> bool:
     status = getattr(getattr(exc, "response", None), "status_code", None)
     return status is not None and status >= 500
@@ -230,6 +245,9 @@ def is_disk_full(exc: BaseException) -> bool:
 
 def _classify(exc: BaseException, settings: HubSettings, what: str) -> BaseException | None:
     """The exception to raise for a failed call, or None when it is not ours to map."""
+    unsafe = _unsafe_names(exc, settings, what)
+    if unsafe is not None:
+        return unsafe
     if _in_chain(exc, _is_transport):
         return HubUnreachable(f"{settings.endpoint} did not answer {what} ({type(exc).__name__}: {exc})")
     if _is_missing(exc):
@@ -247,6 +265,7 @@ def call(settings: HubSettings, what: str, fn: Callable[[], T]) -> T:
     Raises:
         HubUnreachable: offline mode, or the call failed in transit ``retries + 1`` times.
         HubRepoMissing: the Hub answered that the repo, revision or file does not exist.
+        UnsafeRepoContentError: huggingface_hub refused a listed name (``..``, an absolute path).
         Exception: anything else (e.g. an OSError of the cache), unchanged, for the caller.
     """
     if settings.offline:
@@ -419,10 +438,12 @@ def download_file(repo_id: str, repo_type: str, sha: str, path: str, cache_dir: 
 
 
 def read_metadata(repo_id: str, repo_type: str, sha: str, variant: str, cache_dir: Path, settings: HubSettings) -> dict | None:
-    """Fetch (into the cache) and parse ``build/<variant>/metadata.json``; None if absent or not JSON.
+    """Fetch (into the cache) and parse ``build/<variant>/metadata.json``; None if absent.
 
     Raises:
         HubUnreachable: the Hub cannot be reached.
+        KernelMetadataError: the file is malformed or too large (see :mod:`kernel_loader.metadata`).
+        UnsafeRepoContentError: the mirror lists a name that would land outside the cache.
     """
     try:
         path = download_file(repo_id, repo_type, sha, f"build/{variant}/metadata.json", cache_dir, settings)
@@ -436,6 +457,4 @@ def read_metadata(repo_id: str, repo_type: str, sha: str, variant: str, cache_di
 
         with tempfile.TemporaryDirectory(prefix="kernel-loader-meta-") as tmp:
             return read_metadata(repo_id, repo_type, sha, variant, Path(tmp), settings)
-    from kernel_loader import cache
-
-    return cache.read_metadata(path.parent)
+    return metadata.variant_metadata(path.parent)

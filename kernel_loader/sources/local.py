@@ -38,8 +38,8 @@ def parse_local_kernels(value: str) -> dict[str, Path]:
             raise ValueError(f"LOCAL_KERNELS entry for {match[1]!r} has an empty path (in {value!r})")
         try:
             result[match[1]] = Path(path).expanduser()
-        except RuntimeError:  # "~nouser/..." names no home folder
-            raise ValueError(f"LOCAL_KERNELS entry for {match[1]!r}: {path!r} names an unknown user's home folder") from None
+        except RuntimeError:  # "~user" naming no user on this machine
+            raise ValueError(f"LOCAL_KERNELS entry for {match[1]!r}: {path!r} starts with the home folder of an unknown user (a home folder that does not exist on this machine)") from None
     return result
 
 
