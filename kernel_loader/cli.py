@@ -413,7 +413,7 @@ def _explain_one(args: argparse.Namespace, name: str):
 
         from kernel_loader.flash_attn_compat import describe as describe_stand_in
 
-        return ("chain", explain_chain(name) + "\n" + describe_stand_in(name))
+        return ("chain", explain_chain(name, cache_dir=_cache_dir(args)) + "\n" + describe_stand_in(name))
     try:
         res = resolve_kernel(
             name,
@@ -911,23 +911,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import os
-
     cache_dir = _cache_dir(args)
-    if cache_dir is None:
-        return args.func(args)
-    _check_cache_dir(cache_dir)
-    # The download/lock bodies read the cache root from the environment, so the flag is handed
-    # to them that way for the length of the verb (and restored for in-process callers).
-    before = os.environ.get("KERNEL_LOADER_CACHE")
-    os.environ["KERNEL_LOADER_CACHE"] = str(cache_dir)
-    try:
-        return args.func(args)
-    finally:
-        if before is None:
-            os.environ.pop("KERNEL_LOADER_CACHE", None)
-        else:
-            os.environ["KERNEL_LOADER_CACHE"] = before
+    if cache_dir is not None:
+        _check_cache_dir(cache_dir)
+    return args.func(args)  # each verb passes _cache_dir(args) on to the library
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -296,3 +296,18 @@ def test_the_fast_verbs_never_import_torch(hub_env, cli_repo, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "NumPy" not in proc.stderr
+
+
+def test_cache_dir_travels_as_an_argument_not_through_the_environment(hub_env, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KERNEL_LOADER_CACHE", raising=False)
+    hub_env.set_offline(True)
+    elsewhere = tmp_path / "elsewhere-cache"
+    from kernel_loader import constants
+
+    def no_default(*_):
+        raise AssertionError("the default cache was asked for although --cache-dir was given")
+
+    monkeypatch.setattr(constants, "cache_dir", no_default)
+    code, out, _ = run(capsys, "--cache-dir", str(elsewhere), "explain", "flash_attention_2")
+    assert code == 0 and str(elsewhere) in out  # the chain's Hub step looked in that cache
+    assert "KERNEL_LOADER_CACHE" not in os.environ  # and nothing was handed over through the environment

@@ -21,6 +21,7 @@ import logging
 import threading
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -140,13 +141,13 @@ def _try_package(opt: _Option) -> tuple[ModuleType | None, str]:
     return module, f"installed and usable on {where}"
 
 
-def _try_hub(opt: _Option) -> tuple[ModuleType | None, str]:
+def _try_hub(opt: _Option, cache_dir: Path | None = None) -> tuple[ModuleType | None, str]:
     from kernel_loader.loader import import_resolution, resolve_kernel
 
     repo = opt.targets[0]
     try:
         # The shipped copy is the chain's own last step, so this step never answers with it.
-        res = resolve_kernel(repo, shipped=False)
+        res = resolve_kernel(repo, shipped=False, cache_dir=cache_dir)
         module = import_resolution(res)
     except KernelLoaderError as exc:
         return None, _first_line(exc)
@@ -203,7 +204,7 @@ _outcomes: dict[str, FallbackOutcome] = {}
 _lock = threading.Lock()
 
 
-def _walk(name: str) -> FallbackOutcome:
+def _walk(name: str, cache_dir: Path | None = None) -> FallbackOutcome:
     chain = FLASH_CHAINS.get(name)
     if chain is None:
         raise KeyError(f"no FlashAttention fallback chain for {name!r}; known: {', '.join(FLASH_CHAINS)}")
@@ -211,7 +212,7 @@ def _walk(name: str) -> FallbackOutcome:
     for opt in chain:
         if outcome.kernel is not None:
             break
-        module, reason = _TRY[opt.kind](opt)
+        module, reason = _try_hub(opt, cache_dir) if opt.kind == "hub" else _TRY[opt.kind](opt)
         outcome.steps.append(FallbackStep(_label(opt), module is not None, reason))
         if module is not None:
             outcome.kernel = module
@@ -262,13 +263,15 @@ def flash_chain_kernel(name: str) -> ModuleType:
     return outcome.kernel
 
 
-def explain_chain(name: str) -> str:
+def explain_chain(name: str, *, cache_dir: str | Path | None = None) -> str:
     """Walk the chain for ``name`` afresh (nothing logged or cached) and describe every step.
+
+    ``cache_dir`` is the kernel cache the Hub step looks in (default: ``KERNEL_LOADER_CACHE``).
 
     Raises:
         KeyError: ``name`` has no chain.
     """
-    return _walk(name).explain()
+    return _walk(name, Path(cache_dir) if cache_dir is not None else None).explain()
 
 
 def reset_fallback_cache() -> None:
