@@ -529,19 +529,17 @@ def _info(args: argparse.Namespace, text: str) -> dict:
     ref = ref.with_revision(args.revision) if args.revision else ref
     if constants.hf_offline():
         return _info_cached(ref, args)
-    from kernel_loader.sources import hub
+    from kernel_loader.resolver import Request, resolve
 
-    try:
-        remote = _remote_repo(ref.repo_id)
-    except errors.OfflineKernelMissingError:
+    # The resolver picks the revision and sha and lists every build; nothing is downloaded or
+    # imported (info only reads metadata.json, so the org needs no trust).
+    res = resolve(Request(ref, version=args.version, download=False, all_variants=True, shipped=False,
+                          trust_remote_code=True, cache_dir=_cache_dir(args)))
+    if res.source != "hub":  # the Hub did not answer: what the cache has
         return _info_cached(ref, args)
-    from kernel_loader.resolver import Request, _pick_ref
-
-    ref_name, sha = _pick_ref(Request(ref, version=args.version), remote.versions(), {**remote.tags, **remote.branches}, f"on {constants.hf_endpoint()}")
-    names = hub.list_variants(ref.repo_id, remote.repo_type, sha, hub.HubSettings.from_env())
-    build = _hub_metadata(ref.repo_id, remote.repo_type, sha, names)
-    return {"repo_id": ref.repo_id, "revision": ref_name, "sha": sha, "origin": "hub", **_metadata_summary(build)}
-
+    names = [d.variant for d in res.decisions]
+    build = _hub_metadata(ref.repo_id, res.repo_type, res.sha, names)
+    return {"repo_id": ref.repo_id, "revision": res.resolved_revision, "sha": res.sha, "origin": "hub", **_metadata_summary(build)}
 
 def _remote_repo(repo_id: str):
     """The repo's refs on the Hub, its failures as our errors (info and versions)."""
