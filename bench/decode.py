@@ -13,6 +13,7 @@ from attention import sdpa
 
 BATCH, HQ, HK, D, PAGE = 32, 32, 8, 128, 256
 CONTEXTS = (4096, 32768)
+SPLITS_TRIED = (1, 2, 3, 4)
 
 
 def main() -> None:
@@ -41,6 +42,11 @@ def main() -> None:
             runs[f"{name}_contiguous"] = lambda fa=fa: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
             runs[f"{name}_paged"] = lambda fa=fa: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens,
                                                                            block_table=table)
+        for splits in SPLITS_TRIED:  # the split count forced, beside the shipped choice
+            runs[f"ours_paged_split{splits}"] = lambda s=splits: kernels["ours"].flash_attn_with_kvcache(
+                q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)
+            runs[f"ours_contiguous_split{splits}"] = lambda s=splits: kernels["ours"].flash_attn_with_kvcache(
+                q, k, v, cache_seqlens=lens, num_splits=s)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         runs["sdpa_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
         runs["sdpa_flash"] = sdpa(SDPBackend.FLASH_ATTENTION, qt, kt, vt, False)
@@ -61,6 +67,8 @@ def main() -> None:
     columns = dict(context="context", ours_paged="ours paged", ours_contiguous="ours contiguous",
                    sdpa_cudnn="cuDNN", sdpa_flash="FA2", ours_paged_vs_cudnn="paged/cuDNN",
                    ours_contiguous_vs_cudnn="contiguous/cuDNN")
+    columns.update({f"ours_{lay}_split{s}": f"{lay} {s} split{'s' * (s > 1)}"
+                    for lay in ("paged", "contiguous") for s in SPLITS_TRIED})
     if args.baseline:
         columns.update(baseline_paged="baseline paged", baseline_contiguous="baseline contiguous")
     path = harness.write_results(

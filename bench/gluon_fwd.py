@@ -1,13 +1,17 @@
-"""Gluon sm90 forward beside the Triton forward, SDPA cuDNN and SDPA flash, in one GPU run.
+"""Gluon sm90 forward kernels beside the Triton forward, SDPA cuDNN and SDPA flash, in one GPU run.
 
-First checks (fresh random inputs, recycled-NaN output memory, float64 reference): out and lse
-of the Gluon kernel on ragged lengths, seqlen_q != seqlen_k (bottom-right causal), rows with no
-key, GQA, transformers' ``[B, H, S, D]`` view, then the gradients of ``flash_attn_func`` with the
-Gluon forward under the Triton backward. Then times bf16, 16 heads, head dims 64/128/256, 1k/4k/16k
-at 16k tokens per batch, causal and not (forward = 4·B·H·S²·D FLOPs, halved when causal), median
-of ``triton.testing.do_bench``; each provider in its native layout.
+Kernels (``_gluon_fwd.gluon_attention_forward(kernel=...)``): ``sync``, two warpgroups in one
+partition that issue their own copies; ``ws``, the warp-specialised kernel (a producer warp, two
+consumer warpgroups of 64 rows each, ping-pong turns); ``ws_nopp``, the same without the turns;
+plus tiles tried beside the shipped ones. First checks each of them (fresh random inputs,
+recycled-NaN output memory, float64 reference): out and lse on ragged lengths,
+seqlen_q != seqlen_k (bottom-right causal), rows with no key, GQA, transformers' ``[B, H, S, D]``
+view; then the gradients of ``flash_attn_func`` with the dispatched Gluon forward under the Triton
+backward. Then times bf16, 16 heads, head dims 64/128/256, 1k/4k/16k at 16k tokens per batch,
+causal and not (forward = 4·B·H·S²·D FLOPs, halved when causal), median of
+``triton.testing.do_bench``; each provider in its native layout::
 
-    PYTHONPATH=. python3 bench/gluon_fwd.py OUT_DIR     # on an sm90 GPU with Triton >= 3.6
+    PYTHONPATH=. python3 bench/gluon_fwd.py [--out DIR] [--commit SHA]   # sm90 GPU, Triton 3.6
 """
 
 from __future__ import annotations
@@ -15,14 +19,29 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import sys
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention import HEADS, HEAD_DIMS, SEQS, TOKENS, bench_ms, fwd_flops, load_package  # noqa: E402
+import harness
+
+HEADS = 16
+HEAD_DIMS = (64, 128, 256)
+SEQS = (1024, 4096, 16384)
+TOKENS = 16384
+
+# name -> gluon_attention_forward keyword arguments, per head_dim; "sync" and "ws" use the
+# shipped tiles (TILES / WS_TILES)
+KERNELS = {
+    64: {"sync": {}, "ws": dict(kernel="ws"), "ws_nopp": dict(kernel="ws", pingpong=False),
+         "ws_n128s2": dict(kernel="ws", tile=(128, 128, 2, 4))},
+    128: {"sync": {}, "ws": dict(kernel="ws"), "ws_nopp": dict(kernel="ws", pingpong=False),
+          "ws_n64s4": dict(kernel="ws", tile=(128, 64, 4, 4))},
+    256: {"sync": {}, "ws": dict(kernel="ws"), "ws_nopp": dict(kernel="ws", pingpong=False)},
+}
+
+
+def fwd_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:
+    return 4.0 * batch * heads * sq * sk * d / (2 if causal else 1)
 
 
 def _poison_allocator(nbytes: int = 1 << 30) -> None:
@@ -49,38 +68,39 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def check(gf, pkg) -> list:
+def check(gf) -> list:
     rows = []
     cases = [  # (batch, sq, sk, hq, hk, layout)
         (2, 300, 300, 4, 4, "bshd"), (2, 257, 1000, 4, 2, "bshd"), (1, 1000, 333, 4, 1, "bshd"),
         (3, 128, 128, 2, 2, "bhsd"), (1, 777, 777, 8, 2, "bhsd"), (2, 64, 64, 2, 2, "bshd"),
     ]
     for d in HEAD_DIMS:
-        for causal in (False, True):
-            for batch, sq, sk, hq, hk, layout in cases:
-                torch.manual_seed(hash((d, causal, sq, sk)) % 2**31)
-                if layout == "bhsd":  # transformers' layout, viewed as [B, S, H, D]
-                    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-                    k = torch.randn(batch, hk, sk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-                    v = torch.randn(batch, hk, sk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-                else:
-                    q = torch.randn(batch, sq, hq, d, device="cuda", dtype=torch.bfloat16)
-                    k = torch.randn(batch, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-                    v = torch.randn(batch, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-                scale = d ** -0.5
-                assert gf.supports(q, k, v), (d, layout)
-                _poison_allocator()
-                out, lse = gf.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal)
-                torch.cuda.synchronize()
-                ref_o, ref_l = _reference(q, k, v, scale, causal)
-                finite = torch.isfinite(ref_l)
-                row = dict(head_dim=d, causal=causal, batch=batch, sq=sq, sk=sk, hq=hq, hk=hk, layout=layout,
-                           out_nan=bool(out.isnan().any()), rel_out=_rel(out, ref_o),
-                           lse_max_abs=float((lse.double() - ref_l)[finite].abs().max()) if finite.any() else 0.0,
-                           lse_inf_ok=bool((lse[~finite] == float("inf")).all()))
-                row["ok"] = (not row["out_nan"] and row["rel_out"] <= 1e-2 and row["lse_max_abs"] <= 2e-2
-                             and row["lse_inf_ok"])
-                rows.append(row)
+        for name, kwargs in KERNELS[d].items():
+            for causal in (False, True):
+                for batch, sq, sk, hq, hk, layout in cases:
+                    torch.manual_seed(hash((d, causal, sq, sk)) % 2**31)
+                    if layout == "bhsd":  # transformers' layout, viewed as [B, S, H, D]
+                        q = torch.randn(batch, hq, sq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                        k = torch.randn(batch, hk, sk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                        v = torch.randn(batch, hk, sk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                    else:
+                        q = torch.randn(batch, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+                        k = torch.randn(batch, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+                        v = torch.randn(batch, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+                    scale = d ** -0.5
+                    assert gf.supports(q, k, v), (d, layout)
+                    _poison_allocator()
+                    out, lse = gf.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal, **kwargs)
+                    torch.cuda.synchronize()
+                    ref_o, ref_l = _reference(q, k, v, scale, causal)
+                    finite = torch.isfinite(ref_l)
+                    row = dict(kernel=name, head_dim=d, causal=causal, batch=batch, sq=sq, sk=sk, hq=hq, hk=hk, layout=layout,
+                               out_nan=bool(out.isnan().any()), rel_out=_rel(out, ref_o),
+                               lse_max_abs=float((lse.double() - ref_l)[finite].abs().max()) if finite.any() else 0.0,
+                               lse_inf_ok=bool((lse[~finite] == float("inf")).all()))
+                    row["ok"] = (not row["out_nan"] and row["rel_out"] <= 1e-2 and row["lse_max_abs"] <= 2e-2
+                                 and row["lse_inf_ok"])
+                    rows.append(row)
     return rows
 
 
@@ -114,29 +134,6 @@ def check_autograd(gf, pkg, dispatch) -> list:
     return rows
 
 
-# tiles tried beside the shipped one, (BLOCK_M, BLOCK_N, STAGES, num_warps) per head_dim
-VARIANTS = {64: [(128, 64, 4, 8)], 128: [], 256: []}
-
-
-def check_variants(gf) -> list:
-    rows = []
-    for d, tiles in VARIANTS.items():
-        for tile in tiles:
-            for causal in (False, True):
-                for batch, sq, sk in ((2, 333, 333), (1, 257, 1000), (1, 1000, 300)):
-                    q = torch.randn(batch, sq, 4, d, device="cuda", dtype=torch.bfloat16)
-                    k, v = (torch.randn(batch, sk, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-                    _poison_allocator()
-                    out, lse = gf.gluon_attention_forward(q, k, v, softmax_scale=d ** -0.5, causal=causal, tile=tile)
-                    ref_o, ref_l = _reference(q, k, v, d ** -0.5, causal)
-                    fin = torch.isfinite(ref_l)
-                    rel = _rel(out, ref_o)
-                    lerr = float((lse.double() - ref_l)[fin].abs().max()) if fin.any() else 0.0
-                    rows.append(dict(head_dim=d, tile=tile, causal=causal, sq=sq, sk=sk, rel_out=rel, lse_err=lerr,
-                                     ok=rel <= 1e-2 and lerr <= 2e-2 and not bool(out.isnan().any())))
-    return rows
-
-
 def timing(gf, fwd) -> list:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
@@ -152,72 +149,67 @@ def timing(gf, fwd) -> list:
                 scale = d ** -0.5
                 flops = fwd_flops(batch, HEADS, seq, seq, d, causal)
                 row = dict(head_dim=d, seq=seq, batch=batch, causal=causal)
-                t0 = time.perf_counter()
-                gf.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal)
-                torch.cuda.synchronize()
-                row["gluon_first_call_s"] = time.perf_counter() - t0
-                provs = {
-                    "gluon": lambda: gf.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal),
-                    "triton": lambda: fwd.attention_forward(q, k, v, softmax_scale=scale, causal=causal),
-                }
-                for tile in VARIANTS[d]:
-                    provs["gluon" + "x".join(map(str, tile))] = (
-                        lambda tile=tile: gf.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal,
-                                                                     tile=tile))
+                provs = {name: (lambda kw=kw: gf.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal,
+                                                                         **kw))
+                         for name, kw in KERNELS[d].items()}
+                provs["triton"] = lambda: fwd.attention_forward(q, k, v, softmax_scale=scale, causal=causal)
                 for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                     def run(backend=backend):
                         with sdpa_kernel(backend):
                             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
                     provs[name] = run
-                outs = {}
                 for name, fn in provs.items():
                     try:
-                        outs[name] = fn()
-                        ms = bench_ms(fn)
-                        row[name] = flops / ms / 1e9
+                        row[name] = flops / harness.time_us(fn) / 1e6
                     except Exception as exc:  # a backend SDPA lacks for this shape
                         row[name] = None
                         row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
-                if "gluon" in outs and "cudnn" in outs:
-                    row["rel_gluon_vs_cudnn"] = _rel(outs["gluon"][0], outs["cudnn"].transpose(1, 2))
+                best = max((n for n in KERNELS[d] if row.get(n)), key=lambda n: row[n], default=None)
+                row["best"] = best
+                if best and row.get("cudnn"):
+                    row["best_vs_cudnn"] = row[best] / row["cudnn"]
+                if row.get("ws") and row.get("cudnn"):
+                    row["ws_vs_cudnn"] = row["ws"] / row["cudnn"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                torch.cuda.empty_cache()
     return rows
 
 
-def main(out_dir: str) -> None:
-    import triton
-
-    pkg = load_package()
+def main() -> None:
+    parser = harness.arguments(__doc__)
+    parser.add_argument("--kernels", help="comma-separated kernel names to keep (default: all of KERNELS)")
+    args = parser.parse_args()
+    if args.kernels:
+        keep = set(args.kernels.split(","))
+        for d in HEAD_DIMS:
+            KERNELS[d] = {n: kw for n, kw in KERNELS[d].items() if n in keep}
+    pkg = harness.shipped_kernel()
     gf = importlib.import_module(pkg.__name__ + "._gluon_fwd")
     fwd = importlib.import_module(pkg.__name__ + "._triton_fwd")
-    info = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), torch=torch.__version__,
-                triton=triton.__version__, gpu=torch.cuda.get_device_name(), tiles=gf.TILES)
-    print(json.dumps(info), flush=True)
-    checks = check(gf, pkg)
+    checks = check(gf)
     bad = [r for r in checks if not r["ok"]]
     print(f"checks: {len(checks) - len(bad)}/{len(checks)} ok", flush=True)
     for r in bad:
         print("FAIL", json.dumps(r), flush=True)
     grads = check_autograd(gf, pkg, importlib.import_module(pkg.__name__ + "._gluon_dispatch"))
     print("autograd:", json.dumps(grads), flush=True)
-    variants = check_variants(gf)
-    print(f"variant checks: {sum(r['ok'] for r in variants)}/{len(variants)} ok", flush=True)
-    for r in variants:
-        if not r["ok"]:
-            print("FAIL", json.dumps(r), flush=True)
     rows = timing(gf, fwd)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    Path(out_dir, "gluon_fwd.json").write_text(json.dumps(dict(info=info, checks=checks, autograd=grads,
-                                                                variant_checks=variants, rows=rows), indent=1))
-    print("\n| hd | seq | causal | gluon | triton | cudnn | flash | gluon/cudnn | gluon/triton |")
-    for r in rows:
-        g, t, c = r.get("gluon"), r.get("triton"), r.get("cudnn")
-        fmt = lambda x: "—" if x is None else f"{x:.0f}"
-        print(f"| {r['head_dim']} | {r['seq']} | {r['causal']} | {fmt(g)} | {fmt(t)} | {fmt(c)} | {fmt(r.get('flash'))}"
-              f" | {g / c if g and c else math.nan:.2f} | {g / t if g and t else math.nan:.2f} |"
-              + "".join(f" {k}={v:.0f}" for k, v in r.items() if k.startswith("gluon") and k[5:6].isdigit()))
+    names = sorted({n for d in HEAD_DIMS for n in KERNELS[d]}, key=lambda n: (n != "sync", n != "ws", n))
+    columns = dict(head_dim="head_dim", seq="seq", causal="causal", **{n: n for n in names}, triton="triton",
+                   cudnn="SDPA cuDNN", flash="SDPA flash", ws_vs_cudnn="ws / cuDNN", best="best",
+                   best_vs_cudnn="best / cuDNN")
+    failed = sorted({(r["kernel"], r["head_dim"]) for r in bad})
+    notes = [f"Forward TFLOP/s, bf16, {HEADS} heads, {TOKENS} tokens per batch; correctness checks: "
+             f"{len(checks) - len(bad)}/{len(checks)} passed" + (f" (failed: {failed})" if failed else "")
+             + f"; autograd with the dispatched Gluon forward: {sum(r['ok'] for r in grads)}/{len(grads)} ok.",
+             f"Kernel variants: {json.dumps({d: KERNELS[d] for d in HEAD_DIMS})}; shipped tiles: sync "
+             f"{gf.TILES}, ws {gf.WS_TILES}."]
+    path = harness.write_results("gluon_fwd", rows, title="Gluon sm90 forward kernels vs Triton, SDPA cuDNN and "
+                                 "SDPA flash", columns=columns, out_dir=args.out, commit=args.commit, notes=notes,
+                                 extra=dict(checks=checks, autograd=grads))
+    print(path.read_text())
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "out")
+    main()

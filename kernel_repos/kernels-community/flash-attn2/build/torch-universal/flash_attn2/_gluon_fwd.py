@@ -271,6 +271,231 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     tma.store_wait(pendings=0)
 
 
+# --- the warp-specialised forward -------------------------------------------------------------
+# One producer warp issues every bulk copy; two consumer warpgroups, each its own partition with
+# 64 of the tile's 128 query rows, wait on "ready" mbarriers and give slots back on "empty" ones
+# (count 2: one arrival per consumer). No CTA barrier is left in the loop, so the two warpgroups
+# drift apart and one's softmax runs beside the other's matmuls, and the register file is split
+# unevenly (setmaxnreg): the producer keeps 24 registers a thread, the consumers take the rest.
+
+# head_dim -> (BLOCK_N, STAGES); the tile has 128 query rows (2 x 64)
+WS_TILES = {
+    64: (128, 4),
+    128: (128, 2),
+    256: (64, 2),
+}
+WS_ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
+# (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
+# warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
+# default partition (the first consumer) gets what maxnreg leaves, 240
+WS_REGS = (240, 24, 168)
+
+
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                 b, h, hk, off_m, n_end, STAGES: gl.constexpr):
+    ROWS: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [b, off_m + w * ROWS, h, 0], q_bars.index(w),
+                  q_smem.index(w).reshape([1, ROWS, 1, HEAD_DIM]))
+    # the order the consumers need them: K_0, then K_{j+1} before V_j (S_{j+1} is issued before P_j V_j)
+    mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
+    _tma_load(k_desc, [b, 0, hk, 0], k_ready.index(0), k_smem.index(0).reshape([1, BLOCK_N, 1, HEAD_DIM]))
+    for j in range(n_end):
+        nxt = j + 1
+        slot = nxt % STAGES
+        more = nxt < n_end
+        # mbarriers start with the phase before 0 complete: the first round of waits passes
+        mbarrier.wait(k_empty.index(slot), ((nxt // STAGES) & 1) ^ 1, pred=more)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes, pred=more)
+        _tma_load(k_desc, [b, nxt * BLOCK_N, hk, 0], k_ready.index(slot),
+                  k_smem.index(slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=more)
+        vslot = j % STAGES
+        mbarrier.wait(v_empty.index(vslot), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(v_ready.index(vslot), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [b, j * BLOCK_N, hk, 0], v_ready.index(vslot),
+                  v_smem.index(vslot).reshape([1, BLOCK_N, 1, HEAD_DIM]))
+
+
+@gluon.jit
+def _take_turn(turns, j, W: gl.constexpr):
+    """Wait until the other consumer has issued its matmuls of block j-1 (W=0) or j (W=1).
+
+    Each consumer's barrier completes one phase per arrival of the other; an mbarrier starts with
+    the phase before 0 complete, so the first consumer's first wait passes at once.
+    """
+    if W == 0:
+        mbarrier.wait(turns.index(0), (j & 1) ^ 1)
+    else:
+        mbarrier.wait(turns.index(1), j & 1)
+
+
+@gluon.jit
+def _ws_step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0, diag,
+             seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
+             CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, W: gl.constexpr, PINGPONG: gl.constexpr):
+    """Key block j for one consumer: S_j, then P_{j-1} V_{j-1} beside the softmax of S_j."""
+    ROWS: gl.constexpr = q.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    slot = j % STAGES
+    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+    if PINGPONG:
+        _take_turn(turns, j, W)
+    s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+    if HAS_PREV:
+        pslot = (j - 1) % STAGES
+        mbarrier.wait(v_ready.index(pslot), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(pslot), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turns.index(1 - W))
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    else:
+        if PINGPONG:
+            mbarrier.arrive(turns.index(1 - W))
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+    mbarrier.arrive(k_empty.index(slot))
+    pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, row0, diag, seqlen_k, qk_scale, s_layout, ROWS, BLOCK_N, MASK,
+                                     CAUSAL)
+    if HAS_PREV:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index((j - 1) % STAGES))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
+    return acc, p, m_new, l_i
+
+
+@gluon.jit
+def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, o_desc, lse_ptr,
+                 stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
+                 W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                 PINGPONG: gl.constexpr):
+    ROWS: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row0 = off_m + W * ROWS
+    diag = seqlen_k - seqlen_q
+    # this warpgroup's own ranges: [0, n_full) unmasked, [n_full, my_end) masked; the producer
+    # streams up to the tile's n_end, and the blocks past my_end are only handed back below
+    if CAUSAL:
+        hi = gl.minimum(seqlen_k, row0 + ROWS + diag)
+        n_full = gl.maximum(gl.minimum(seqlen_k, row0 + diag + 1), 0) // BLOCK_N
+    else:
+        hi = seqlen_k
+        n_full = seqlen_k // BLOCK_N
+    my_end = gl.minimum(gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1), n_end)
+    q = q_smem.index(W)
+    mbarrier.wait(q_bars.index(W), 0)
+
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+    p = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+    acc, p, m_i, l_i = _ws_step(0, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
+                                diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, False, W, PINGPONG)
+    for j in range(1, n_full):
+        acc, p, m_i, l_i = _ws_step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
+                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, False, CAUSAL, True, W,
+                                    PINGPONG)
+    for j in range(gl.maximum(n_full, 1), my_end):
+        acc, p, m_i, l_i = _ws_step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
+                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, True, W,
+                                    PINGPONG)
+    last = my_end - 1
+    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+    acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(last % STAGES))
+    # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase order) and
+    # hand it back untouched
+    for j in range(my_end, n_end):
+        if PINGPONG:  # the other consumer counts on one turn per block
+            _take_turn(turns, j, W)
+            mbarrier.arrive(turns.index(1 - W))
+        mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+        mbarrier.arrive(k_empty.index(j % STAGES))
+        mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+        mbarrier.arrive(v_empty.index(j % STAGES))
+
+    empty = l_i == 0.0
+    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
+    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
+    if STORE_LSE:
+        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+        gl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < seqlen_q)
+    # this warpgroup's Q rows are read (every wgmma waited): their buffer takes the output rows
+    q.store(out.to(dtype))
+    fence_async_shared()
+    _tma_store(o_desc, [b, row0, h, 0], q.reshape([1, ROWS, 1, HEAD_DIM]))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+                       seqlen_q, seqlen_k, heads, group, qk_scale,
+                       CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr):
+    ROWS: gl.constexpr = q_desc.block_type.shape[1]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
+
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    hk = h // group
+    off_m = pid_m * (2 * ROWS)
+    diag = seqlen_k - seqlen_q
+    if CAUSAL:
+        hi = gl.minimum(seqlen_k, off_m + 2 * ROWS + diag)
+    else:
+        hi = seqlen_k
+    n_end = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], tile_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(2):
+        mbarrier.init(q_bars.index(w), count=1)
+        mbarrier.init(turns.index(w), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
+                        lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
+                        0, CAUSAL, STORE_LSE, STAGES, PINGPONG)),
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
+                        lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
+                        1, CAUSAL, STORE_LSE, STAGES, PINGPONG)),
+        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                        v_empty, b, h, hk, off_m, n_end, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
 def tile_for(head_dim: int) -> Optional[Tuple[int, int, int, int]]:
     """(BLOCK_M, BLOCK_N, STAGES, num_warps) for a head dim this kernel serves, else None."""
     return TILES.get(head_dim)
@@ -308,6 +533,8 @@ def gluon_attention_forward(
     causal: bool,
     store_lse: bool = True,
     tile: Optional[Tuple[int, int, int, int]] = None,
+    kernel: str = "sync",
+    pingpong: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -319,6 +546,18 @@ def gluon_attention_forward(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
     if batch == 0 or seqlen_q == 0:
+        return out, lse
+    if kernel == "ws":
+        block_n, stages = (tile[1], tile[2]) if tile else WS_TILES[head_dim]
+        grid = (triton.cdiv(seqlen_q, 2 * WS_ROWS), batch * heads)
+        _gluon_attn_fwd_ws[grid](
+            _descriptor(q, WS_ROWS, head_dim), _descriptor(k, block_n, head_dim), _descriptor(v, block_n, head_dim),
+            _descriptor(out, WS_ROWS, head_dim), lse if store_lse else out,
+            lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
+            seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
+            CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, CONSUMER_REGS=WS_REGS[0],
+            PRODUCER_REGS=WS_REGS[1], PINGPONG=bool(pingpong), num_warps=4, maxnreg=WS_REGS[2],
+        )
         return out, lse
     grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
     _gluon_attn_fwd[grid](
