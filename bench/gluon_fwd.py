@@ -1,9 +1,8 @@
 """Gluon sm90 forward kernels beside the Triton forward, SDPA cuDNN and SDPA flash, in one GPU run.
 
-Kernels (``_gluon_fwd.gluon_attention_forward(kernel=...)``): ``sync``, two warpgroups in one
-partition that issue their own copies; ``ws``, the warp-specialised kernel (a producer warp, two
-consumer warpgroups of 64 rows each, ping-pong turns); ``ws_nopp``, the same without the turns;
-plus tiles tried beside the shipped ones. First checks each of them (fresh random inputs,
+``gluon`` is the shipped warp-specialised kernel (``_gluon_fwd``: a producer warp, two consumer
+warpgroups of 64 query rows each) at its shipped tile; the other ``gluon_…`` columns are
+(BLOCK_N, STAGES) tiles tried beside it. First checks each of them (fresh random inputs,
 recycled-NaN output memory, float64 reference): out and lse on ragged lengths,
 seqlen_q != seqlen_k (bottom-right causal), rows with no key, GQA, transformers' ``[B, H, S, D]``
 view; then the gradients of ``flash_attn_func`` with the dispatched Gluon forward under the Triton
@@ -29,14 +28,11 @@ HEAD_DIMS = (64, 128, 256)
 SEQS = (1024, 4096, 16384)
 TOKENS = 16384
 
-# name -> gluon_attention_forward keyword arguments, per head_dim; "sync" and "ws" use the
-# shipped tiles (TILES / WS_TILES)
+# name -> gluon_attention_forward keyword arguments, per head_dim; "gluon" is the shipped tile
 KERNELS = {
-    64: {"sync": {}, "ws": dict(kernel="ws"), "ws_nopp": dict(kernel="ws", pingpong=False),
-         "ws_n128s2": dict(kernel="ws", tile=(128, 128, 2, 4))},
-    128: {"sync": {}, "ws": dict(kernel="ws"), "ws_nopp": dict(kernel="ws", pingpong=False),
-          "ws_n64s4": dict(kernel="ws", tile=(128, 64, 4, 4))},
-    256: {"sync": {}, "ws": dict(kernel="ws"), "ws_nopp": dict(kernel="ws", pingpong=False)},
+    64: {"gluon": {}, "gluon_n128s2": dict(tile=(128, 2))},
+    128: {"gluon": {}, "gluon_n64s4": dict(tile=(64, 4))},
+    256: {"gluon": {}},
 }
 
 
@@ -168,8 +164,9 @@ def timing(gf, fwd) -> list:
                 row["best"] = best
                 if best and row.get("cudnn"):
                     row["best_vs_cudnn"] = row[best] / row["cudnn"]
-                if row.get("ws") and row.get("cudnn"):
-                    row["ws_vs_cudnn"] = row["ws"] / row["cudnn"]
+                for other in ("cudnn", "triton"):
+                    if row.get("gluon") and row.get(other):
+                        row[f"gluon_vs_{other}"] = row["gluon"] / row[other]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 torch.cuda.empty_cache()
@@ -195,16 +192,17 @@ def main() -> None:
     grads = check_autograd(gf, pkg, importlib.import_module(pkg.__name__ + "._gluon_dispatch"))
     print("autograd:", json.dumps(grads), flush=True)
     rows = timing(gf, fwd)
-    names = sorted({n for d in HEAD_DIMS for n in KERNELS[d]}, key=lambda n: (n != "sync", n != "ws", n))
+    names = sorted({n for d in HEAD_DIMS for n in KERNELS[d]}, key=lambda n: (n != "gluon", n))
     columns = dict(head_dim="head_dim", seq="seq", causal="causal", **{n: n for n in names}, triton="triton",
-                   cudnn="SDPA cuDNN", flash="SDPA flash", ws_vs_cudnn="ws / cuDNN", best="best",
+                   cudnn="SDPA cuDNN", flash="SDPA flash", gluon_vs_cudnn="gluon / cuDNN",
+                   gluon_vs_triton="gluon / triton", best="best",
                    best_vs_cudnn="best / cuDNN")
     failed = sorted({(r["kernel"], r["head_dim"]) for r in bad})
     notes = [f"Forward TFLOP/s, bf16, {HEADS} heads, {TOKENS} tokens per batch; correctness checks: "
              f"{len(checks) - len(bad)}/{len(checks)} passed" + (f" (failed: {failed})" if failed else "")
              + f"; autograd with the dispatched Gluon forward: {sum(r['ok'] for r in grads)}/{len(grads)} ok.",
-             f"Kernel variants: {json.dumps({d: KERNELS[d] for d in HEAD_DIMS})}; shipped tiles: sync "
-             f"{gf.TILES}, ws {gf.WS_TILES}."]
+             f"Kernel variants: {json.dumps({d: KERNELS[d] for d in HEAD_DIMS})}; shipped tiles "
+             f"{gf.TILES} (BLOCK_N, STAGES)."]
     path = harness.write_results("gluon_fwd", rows, title="Gluon sm90 forward kernels vs Triton, SDPA cuDNN and "
                                  "SDPA flash", columns=columns, out_dir=args.out, commit=args.commit, notes=notes,
                                  extra=dict(checks=checks, autograd=grads))

@@ -41,12 +41,19 @@ def test_anything_else_keeps_the_triton_kernel(change):
     assert not dispatch.wants_gluon(**{**PLAIN, **change})
 
 
-def test_causal_head_dim_128_needs_enough_query_tokens():
-    # measured 0.98-1.00x the Triton forward at 1k tokens, 1.03-1.07x from 4k
+def test_a_pair_can_require_a_minimum_of_query_tokens():
+    table = {(128, True): 4096}
     causal = {**PLAIN, "causal": True}
-    assert not dispatch.wants_gluon(**{**causal, "seqlen_q": 1024})
-    assert not dispatch.wants_gluon(**{**causal, "seqlen_q": 4095})
-    assert dispatch.wants_gluon(**{**causal, "seqlen_q": 4096})
+    assert not dispatch.wants_gluon(**{**causal, "seqlen_q": 4095}, faster=table)
+    assert dispatch.wants_gluon(**{**causal, "seqlen_q": 4096}, faster=table)
+    assert not dispatch.wants_gluon(**PLAIN, faster=table)  # (128, non-causal) absent from that table
+
+
+def test_head_dims_128_and_256_run_gluon_at_every_length():
+    # measured faster than the Triton forward on every row, 1k to 16k (bench/results/gluon_fwd.md)
+    for head_dim in (128, 256):
+        for causal in (False, True):
+            assert dispatch.wants_gluon(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_q": 1})
 
 
 def test_an_empty_table_turns_gluon_off():
@@ -133,7 +140,7 @@ sys.modules["_fa2_sm90"] = pkg
 spec.loader.exec_module(pkg)
 import _fa2_sm90._gluon_fwd as gf
 
-block_m, block_n, stages, warps = gf.TILES[head_dim]
+block_n, stages = gf.TILES[head_dim]
 
 
 def desc(rows):
@@ -143,12 +150,13 @@ def desc(rows):
 
 fn = gf._gluon_attn_fwd
 names = list(fn.arg_names)
-types = dict(q_desc=desc(block_m), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(block_m),
+types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(gf.ROWS),
              lse_ptr="*fp32", qk_scale="fp32")
-constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, num_warps=warps)
+constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1])
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
 source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
-sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"])
+sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                options=dict(num_warps=4, maxnreg=gf.REGS[2])).asm["ptx"])
 """
 
 
@@ -165,3 +173,7 @@ def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, tmp
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global", ptx)  # loads
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)  # the output tile
     assert ".local" not in ptx  # nothing spilled to local memory at the PTX level
+    # warp-specialised: the producer warp gives registers back, the consumers take them
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+240;", ptx)
+    assert re.search(r"mbarrier\.arrive", ptx)  # slots handed back through mbarriers

@@ -15,12 +15,11 @@ import re
 from typing import Mapping, Optional, Tuple
 
 # (head_dim, causal) -> the fewest query tokens per sequence from which the Gluon forward
-# measured faster than the Triton forward on the H200 (three runs, 1k/4k/16k rows; Gluon over
-# Triton 1.07-1.14x at head_dim 128 non-causal, 1.02-1.25x at 256). head_dim 64 is absent:
-# 0.53-0.85x there. head_dim 128 causal at 1k was 0.98-1.00x, at 4k and 16k 1.03-1.07x.
+# measured faster than the Triton forward on the H200 (1k/4k/16k rows, bench/results/gluon_fwd.md:
+# 1.08-1.36x at head_dim 128, 1.24-1.44x at 256). head_dim 64 is absent: 0.70-0.97x there.
 MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
     (128, False): 0,
-    (128, True): 4096,
+    (128, True): 0,
     (256, False): 0,
     (256, True): 0,
 }

@@ -1,5 +1,5 @@
-"""Gluon forward kernel for Hopper (sm90): TMA loads, ``wgmma`` and a softmax that overlaps the
-previous block's P·V product.
+"""Gluon forward kernel for Hopper (sm90): warp-specialised, TMA loads, ``wgmma``, and a softmax
+that overlaps the previous block's P·V product.
 
 Entry point::
 
@@ -12,24 +12,28 @@ key get out 0 and lse +inf. :func:`supports` says which calls this kernel serves
 else (varlen, windows, softcap, ALiBi, dropout, other head dims or dtypes) stays on the Triton
 kernel.
 
-Why this shape (Gluon gives the control plain Triton does not):
+Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3's design):
 
+* Three partitions (``gl.warp_specialize``): one producer warp issues every bulk copy, and two
+  consumer warpgroups, each its own partition, own 64 of the tile's 128 query rows. They hand
+  K/V ring slots back and forth through "ready" and "empty" mbarriers (an empty slot needs one
+  arrival from each consumer). No CTA-wide barrier is left in the loop, so one consumer's
+  softmax runs while the other's matmuls keep the tensor cores busy, and the register file is
+  split unevenly (``setmaxnreg``): the producer keeps 24 registers a thread, the consumers 240.
 * Q, K, V and O move through 4-D TMA descriptors over ``[B, S, H, D]``: the copy engine clips
-  and zero-fills at each sequence's end, so ragged lengths need no bounds arithmetic, and the
-  output tile goes back through the same engine from the shared buffer Q used.
-* K and V blocks stream through a ring of ``STAGES`` shared buffers with one mbarrier per K and
-  per V slot; K is loaded ``STAGES`` blocks ahead, V (needed one step later) ``STAGES - 1``.
-* Two warpgroups (8 warps) split the 128 query rows; in each step the warpgroup issues
-  ``S_j = Q K_j^T``, then ``O += P_{j-1} V_{j-1}``, waits only for S_j, computes the softmax of
-  block j while the tensor cores still run P·V, and only then waits for P·V and rescales O
-  (FlashAttention-3's intra-warpgroup overlap). P stays in registers as the A operand.
+  and zero-fills at each sequence's end, so ragged lengths need no bounds arithmetic, and each
+  consumer's output rows go back through the same engine from the shared buffer its Q used.
+* In each step a consumer issues ``S_j = Q K_j^T``, then ``O += P_{j-1} V_{j-1}``, waits only
+  for S_j, computes the softmax of block j while the tensor cores still run P·V, and only then
+  waits for P·V and rescales O (FlashAttention-3's intra-warpgroup overlap). P stays in
+  registers as the A operand.
 * Key blocks that no mask touches run without the compare and select; only the blocks that
   cross the causal diagonal or the sequence end pay for them.
 
-Not done here (measured slower, ``bench/results/gluon_fwd.md``): a deeper look-ahead, S_{j+1}
-issued before the softmax of S_j. Written this way in Gluon 3.6 it compiles to 248
-registers and ptxas serialises the wgmma chain (warning C7514: accumulator registers read between
-the start and end of a pipeline stage).
+Measured and not kept (``bench/NOTES.md``, ``bench/results/gluon_fwd.md``): one partition of
+two warpgroups that issue their own copies behind a CTA barrier per step (0.84-0.88x this
+kernel); FlashAttention-3's ping-pong turns between the consumers (within +-3 %, no clear
+gain); at head_dim 64 this kernel is slower than the Triton forward, which keeps that head dim.
 """
 
 from __future__ import annotations
@@ -52,47 +56,24 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
 
-# Triton 3.6 names the bulk copies async_copy_global_to_shared / async_copy_shared_to_global and
-# the CTA barrier thread_barrier; later releases call them async_load / async_store / barrier
-# (and make the old copy names raise)
+# Triton 3.6 names the bulk copies async_copy_global_to_shared / async_copy_shared_to_global;
+# later releases call them async_load / async_store (and make the old names raise)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
-# head_dim -> (BLOCK_M, BLOCK_N, STAGES, num_warps); STAGES a power of two (Gluon's shared
-# layouts need one); shared memory: Q tile + STAGES x (K + V)
-# blocks in bf16 must stay under the 227 KB a Hopper block may take.
+# head_dim -> (BLOCK_N, STAGES); the tile has 128 query rows (2 x 64); STAGES a power of two
+# (Gluon's shared layouts need one); shared memory: 2 Q halves + STAGES x (K + V) blocks in bf16
+# must stay under the 227 KB a Hopper block may take
 TILES = {
-    64: (128, 128, 4, 8),
-    128: (128, 128, 2, 8),
-    256: (128, 64, 2, 8),
+    64: (128, 4),
+    128: (128, 2),
+    256: (64, 2),
 }
-
-
-@gluon.jit
-def _expect_kv(k_desc, v_desc, k_bars, v_bars, k_block, v_block, n_end, STAGES: gl.constexpr):
-    """Arm the mbarriers of key block ``k_block`` and value block ``v_block`` (those < n_end).
-
-    Separate from the copies on purpose: Triton puts a CTA barrier between an mbarrier's expect
-    and the copy that signals it; arming before the barrier the loop needs anyway (the one that
-    frees the slots) saves a second barrier per step. Arming early is safe: every thread has
-    already waited for the phase before, and the new phase cannot complete before the copy.
-    """
-    mbarrier.expect(k_bars.index(k_block % STAGES), k_desc.block_type.nbytes, pred=k_block < n_end)
-    mbarrier.expect(v_bars.index(v_block % STAGES), v_desc.block_type.nbytes, pred=v_block < n_end)
-
-
-@gluon.jit
-def _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, k_block, v_block, n_end, b, hk,
-             STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Start the copies of key block ``k_block`` and value block ``v_block`` (those < n_end)."""
-    HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    k_slot = k_block % STAGES
-    v_slot = v_block % STAGES
-    _tma_load(k_desc, [b, k_block * BLOCK_N, hk, 0], k_bars.index(k_slot),
-                                    k_smem.index(k_slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=k_block < n_end)
-    _tma_load(v_desc, [b, v_block * BLOCK_N, hk, 0], v_bars.index(v_slot),
-                                    v_smem.index(v_slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=v_block < n_end)
+ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
+# (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
+# warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
+# default partition (the first consumer) gets what maxnreg leaves, 240
+REGS = (240, 24, 168)
 
 
 @gluon.jit
@@ -119,181 +100,11 @@ def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.const
     return pf, alpha, m_new, l_i
 
 
-@gluon.jit
-def _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
-                        STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    # Past this barrier both warpgroups are done with K_j (S_j waited) and V_{j-1} (P·V waited):
-    # refill those slots, K_{j+STAGES} a whole ring ahead, V_{j+STAGES-1} (needed one step later
-    # than its K)
-    _expect_kv(k_desc, v_desc, k_bars, v_bars, j + STAGES, j + STAGES - 1, n_end, STAGES)
-    _cta_barrier()
-    _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j + STAGES, j + STAGES - 1, n_end, b, hk,
-             STAGES, BLOCK_N)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
-    return acc, p
 
 
 @gluon.jit
-def _issue_qk(q_smem, k_smem, k_bars, j, s_layout: gl.constexpr, STAGES: gl.constexpr):
-    """Start S_j = Q K_j^T once K_j has landed."""
-    slot = j % STAGES
-    mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-    BLOCK_M: gl.constexpr = q_smem.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    return warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
-                         gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _issue_pv(p, v_smem, v_bars, j, acc, STAGES: gl.constexpr):
-    """Start O += P_j V_j once V_j has landed."""
-    slot = j % STAGES
-    mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
-    return warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
-
-
-@gluon.jit
-def _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-          acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale,
-          s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-          STAGES: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
-    """One key block j: S_j = Q K_j^T, then P_{j-1} V_{j-1} overlapping the softmax of S_j."""
-    s_tok = _issue_qk(q_smem, k_smem, k_bars, j, s_layout, STAGES)
-    if HAS_PREV:
-        acc = _issue_pv(p, v_smem, v_bars, j - 1, acc, STAGES)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    else:
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))
-    pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                     BLOCK_N, MASK, CAUSAL)
-    if HAS_PREV:
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-    acc, p = _refill_and_rescale(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, j, n_end, b, hk, acc, pf, alpha, p,
-                                 STAGES, BLOCK_N)
-    return acc, p, m_new, l_i
-
-
-@gluon.jit
-def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                    seqlen_q, seqlen_k, heads, group, qk_scale,
-                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                    num_warps: gl.constexpr):
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], dtype)
-    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
-
-    pid_m = gl.program_id(0)
-    bh = gl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
-    off_m = pid_m * BLOCK_M
-    diag = seqlen_k - seqlen_q  # bottom-right alignment: row m sees keys n <= m + diag
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], tile_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
-
-    # key blocks [0, n_full) need no mask for any row of this tile; [n_full, n_end) do
-    if CAUSAL:
-        hi = gl.minimum(seqlen_k, off_m + BLOCK_M + diag)
-        n_full = gl.maximum(gl.minimum(seqlen_k, off_m + diag + 1), 0) // BLOCK_N
-    else:
-        hi = seqlen_k
-        n_full = seqlen_k // BLOCK_N
-    # at least one (fully masked) block, so that rows with no key still get their 0 / +inf
-    n_end = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
-
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    _tma_load(q_desc, [b, off_m, h, 0], q_bar, q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
-    for i in gl.static_range(STAGES):
-        # K_0..K_{STAGES-1}, V_0..V_{STAGES-2}; the loop keeps the ring full from there
-        _expect_kv(k_desc, v_desc, k_bars, v_bars, i, i if i < STAGES - 1 else n_end, n_end, STAGES)
-    for i in gl.static_range(STAGES):
-        _copy_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, i, i if i < STAGES - 1 else n_end, n_end, b, hk,
-                 STAGES, BLOCK_N)
-    mbarrier.wait(q_bar, 0)
-
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-
-    # block 0 always masks (it may be the diagonal or the ragged end), and has no P·V before it
-    acc, p, m_i, l_i = _step(0, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                             acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M, BLOCK_N,
-                             HEAD_DIM, STAGES, True, CAUSAL, False)
-    for j in range(1, n_full):
-        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                 BLOCK_N, HEAD_DIM, STAGES, False, CAUSAL, True)
-    for j in range(gl.maximum(n_full, 1), n_end):
-        acc, p, m_i, l_i = _step(j, n_end, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, b, hk,
-                                 acc, p, m_i, l_i, off_m, diag, seqlen_k, qk_scale, s_layout, BLOCK_M,
-                                 BLOCK_N, HEAD_DIM, STAGES, True, CAUSAL, True)
-    acc = _issue_pv(p, v_smem, v_bars, n_end - 1, acc, STAGES)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(k_bars.index(i))
-        mbarrier.invalidate(v_bars.index(i))
-    mbarrier.invalidate(q_bar)
-
-    empty = l_i == 0.0
-    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
-    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
-    if STORE_LSE:
-        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        gl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < seqlen_q)
-    # every warpgroup is past its last read of Q: its buffer takes the output tile
-    _cta_barrier()
-    q_smem.store(out.to(dtype))
-    fence_async_shared()
-    _tma_store(o_desc, [b, off_m, h, 0], q_smem.reshape([1, BLOCK_M, 1, HEAD_DIM]))
-    tma.store_wait(pendings=0)
-
-
-# --- the warp-specialised forward -------------------------------------------------------------
-# One producer warp issues every bulk copy; two consumer warpgroups, each its own partition with
-# 64 of the tile's 128 query rows, wait on "ready" mbarriers and give slots back on "empty" ones
-# (count 2: one arrival per consumer). No CTA barrier is left in the loop, so the two warpgroups
-# drift apart and one's softmax runs beside the other's matmuls, and the register file is split
-# unevenly (setmaxnreg): the producer keeps 24 registers a thread, the consumers take the rest.
-
-# head_dim -> (BLOCK_N, STAGES); the tile has 128 query rows (2 x 64)
-WS_TILES = {
-    64: (128, 4),
-    128: (128, 2),
-    256: (64, 2),
-}
-WS_ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
-# (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
-# warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
-# default partition (the first consumer) gets what maxnreg leaves, 240
-WS_REGS = (240, 24, 168)
-
-
-@gluon.jit
-def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                 b, h, hk, off_m, n_end, STAGES: gl.constexpr):
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+              b, h, hk, off_m, n_end, STAGES: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -321,41 +132,22 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready
 
 
 @gluon.jit
-def _take_turn(turns, j, W: gl.constexpr):
-    """Wait until the other consumer has issued its matmuls of block j-1 (W=0) or j (W=1).
-
-    Each consumer's barrier completes one phase per arrival of the other; an mbarrier starts with
-    the phase before 0 complete, so the first consumer's first wait passes at once.
-    """
-    if W == 0:
-        mbarrier.wait(turns.index(0), (j & 1) ^ 1)
-    else:
-        mbarrier.wait(turns.index(1), j & 1)
-
-
-@gluon.jit
-def _ws_step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0, diag,
-             seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
-             CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, W: gl.constexpr, PINGPONG: gl.constexpr):
+def _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0, diag,
+          seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
+          CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
     """Key block j for one consumer: S_j, then P_{j-1} V_{j-1} beside the softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     slot = j % STAGES
     mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-    if PINGPONG:
-        _take_turn(turns, j, W)
     s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
     if HAS_PREV:
         pslot = (j - 1) % STAGES
         mbarrier.wait(v_ready.index(pslot), ((j - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(pslot), acc, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(turns.index(1 - W))
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
     else:
-        if PINGPONG:
-            mbarrier.arrive(turns.index(1 - W))
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
     mbarrier.arrive(k_empty.index(slot))
     pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, row0, diag, seqlen_k, qk_scale, s_layout, ROWS, BLOCK_N, MASK,
@@ -369,10 +161,9 @@ def _ws_step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
 
 
 @gluon.jit
-def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, o_desc, lse_ptr,
-                 stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
-                 W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                 PINGPONG: gl.constexpr):
+def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr,
+              stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
+              W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -400,16 +191,14 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_em
     p = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-    acc, p, m_i, l_i = _ws_step(0, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
-                                diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, False, W, PINGPONG)
+    acc, p, m_i, l_i = _step(0, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0,
+                                diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, False)
     for j in range(1, n_full):
-        acc, p, m_i, l_i = _ws_step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
-                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, False, CAUSAL, True, W,
-                                    PINGPONG)
+        acc, p, m_i, l_i = _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
+                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, False, CAUSAL, True)
     for j in range(gl.maximum(n_full, 1), my_end):
-        acc, p, m_i, l_i = _ws_step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
-                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, True, W,
-                                    PINGPONG)
+        acc, p, m_i, l_i = _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
+                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, True)
     last = my_end - 1
     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
     acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
@@ -418,9 +207,6 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_em
     # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase order) and
     # hand it back untouched
     for j in range(my_end, n_end):
-        if PINGPONG:  # the other consumer counts on one turn per block
-            _take_turn(turns, j, W)
-            mbarrier.arrive(turns.index(1 - W))
         mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
         mbarrier.arrive(k_empty.index(j % STAGES))
         mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
@@ -441,10 +227,10 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_em
 
 
 @gluon.jit
-def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                       seqlen_q, seqlen_k, heads, group, qk_scale,
-                       CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PINGPONG: gl.constexpr):
+def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
+                    seqlen_q, seqlen_k, heads, group, qk_scale,
+                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -473,10 +259,8 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, strid
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(q_bars.index(w), count=1)
-        mbarrier.init(turns.index(w), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -485,19 +269,19 @@ def _gluon_attn_fwd_ws(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, strid
     fence_async_shared()
 
     gl.warp_specialize([
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
+        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc,
                         lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
-                        0, CAUSAL, STORE_LSE, STAGES, PINGPONG)),
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
+                        0, CAUSAL, STORE_LSE, STAGES)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc,
                         lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
-                        1, CAUSAL, STORE_LSE, STAGES, PINGPONG)),
-        (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                        1, CAUSAL, STORE_LSE, STAGES)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
                         v_empty, b, h, hk, off_m, n_end, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def tile_for(head_dim: int) -> Optional[Tuple[int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, STAGES, num_warps) for a head dim this kernel serves, else None."""
+def tile_for(head_dim: int) -> Optional[Tuple[int, int]]:
+    """(BLOCK_N, STAGES) for a head dim this kernel serves, else None."""
     return TILES.get(head_dim)
 
 
@@ -532,39 +316,27 @@ def gluon_attention_forward(
     softmax_scale: float,
     causal: bool,
     store_lse: bool = True,
-    tile: Optional[Tuple[int, int, int, int]] = None,
-    kernel: str = "sync",
-    pingpong: bool = True,
+    tile: Optional[Tuple[int, int]] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
-    ``tile`` overrides :data:`TILES` (benchmarks). Raises what Triton raises on compile errors.
+    ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES` (benchmarks). Raises what Triton raises on
+    compile errors.
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_k = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = tile or TILES[head_dim]
+    block_n, stages = tile or TILES[head_dim]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    if kernel == "ws":
-        block_n, stages = (tile[1], tile[2]) if tile else WS_TILES[head_dim]
-        grid = (triton.cdiv(seqlen_q, 2 * WS_ROWS), batch * heads)
-        _gluon_attn_fwd_ws[grid](
-            _descriptor(q, WS_ROWS, head_dim), _descriptor(k, block_n, head_dim), _descriptor(v, block_n, head_dim),
-            _descriptor(out, WS_ROWS, head_dim), lse if store_lse else out,
-            lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
-            seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
-            CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, CONSUMER_REGS=WS_REGS[0],
-            PRODUCER_REGS=WS_REGS[1], PINGPONG=bool(pingpong), num_warps=4, maxnreg=WS_REGS[2],
-        )
-        return out, lse
-    grid = (triton.cdiv(seqlen_q, block_m), batch * heads)
+    grid = (triton.cdiv(seqlen_q, 2 * ROWS), batch * heads)
     _gluon_attn_fwd[grid](
-        _descriptor(q, block_m, head_dim), _descriptor(k, block_n, head_dim), _descriptor(v, block_n, head_dim),
-        _descriptor(out, block_m, head_dim), lse if store_lse else out,
+        _descriptor(q, ROWS, head_dim), _descriptor(k, block_n, head_dim), _descriptor(v, block_n, head_dim),
+        _descriptor(out, ROWS, head_dim), lse if store_lse else out,
         lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
         seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
-        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, num_warps=warps,
+        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, CONSUMER_REGS=REGS[0],
+        PRODUCER_REGS=REGS[1], num_warps=4, maxnreg=REGS[2],
     )
     return out, lse
