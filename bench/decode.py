@@ -8,12 +8,24 @@ must read. ``--baseline DIR`` adds another copy of the kernel package. Writes
 
 from __future__ import annotations
 
+import importlib
+
 import harness
 from attention import sdpa
 
 BATCH, HQ, HK, D, PAGE = 32, 32, 8, 128, 256
 CONTEXTS = (4096, 32768)
-SPLITS_TRIED = (1, 2, 3, 4)
+SPLITS_TRIED = (1, 2)
+
+
+def _per_key_pages(decode, call):
+    """``call()`` with the decode kernel module ``decode`` looking each key's page up (no
+    block-table preload)."""
+    saved, decode.PRELOAD_MAX = decode.PRELOAD_MAX, 0
+    try:
+        return call()
+    finally:
+        decode.PRELOAD_MAX = saved
 
 
 def main() -> None:
@@ -23,6 +35,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend
 
     kernels = harness.kernels(args.baseline)
+    decode = importlib.import_module(kernels["ours"].__name__ + "._triton_decode")
     rows = []
     for ctx in CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
@@ -47,6 +60,9 @@ def main() -> None:
                 q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)
             runs[f"ours_contiguous_split{splits}"] = lambda s=splits: kernels["ours"].flash_attn_with_kvcache(
                 q, k, v, cache_seqlens=lens, num_splits=s)
+            runs[f"ours_paged_perkey_split{splits}"] = lambda s=splits: _per_key_pages(
+                decode, lambda: kernels["ours"].flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
+                                                                num_splits=s))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         runs["sdpa_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
         runs["sdpa_flash"] = sdpa(SDPBackend.FLASH_ATTENTION, qt, kt, vt, False)
@@ -67,8 +83,8 @@ def main() -> None:
     columns = dict(context="context", ours_paged="ours paged", ours_contiguous="ours contiguous",
                    sdpa_cudnn="cuDNN", sdpa_flash="FA2", ours_paged_vs_cudnn="paged/cuDNN",
                    ours_contiguous_vs_cudnn="contiguous/cuDNN")
-    columns.update({f"ours_{lay}_split{s}": f"{lay} {s} split{'s' * (s > 1)}"
-                    for lay in ("paged", "contiguous") for s in SPLITS_TRIED})
+    columns.update({f"ours_{lay}_split{s}": f"{lay.replace('_', ' ')} {s} split{'s' * (s > 1)}"
+                    for lay in ("paged", "paged_perkey", "contiguous") for s in SPLITS_TRIED})
     if args.baseline:
         columns.update(baseline_paged="baseline paged", baseline_contiguous="baseline contiguous")
     path = harness.write_results(

@@ -88,8 +88,13 @@ def configurations(F, B, D) -> dict:
     dec_base = dict(GROUP=4, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, PAGE_SIZE=256, NUM_SPLITS=4, HAS_LENS=True, HAS_BATCH_IDX=False,
                     HAS_LEFTPAD=False, HAS_ALIBI=False, HAS_SOFTCAP=False, HAS_WINDOW_LEFT=False, HAS_WINDOW_RIGHT=False,
                     FINAL=False, STORE_LSE=True, ALIGNED=True)
+    preload = "PRELOAD" in D._split_kernel.arg_names  # block-table entries in registers (newer packages)
+    if preload:
+        dec_base["PRELOAD"] = 0
     cases.update({
         "split_paged": (D._split_kernel, dec_base, {"BATCH_IDX", "LEFTPAD", "ALIBI"}, 4, 4),
+        "split_paged_preload": (D._split_kernel, {**dec_base, **({"PRELOAD": 16} if preload else {})},
+                                {"BATCH_IDX", "LEFTPAD", "ALIBI"}, 4, 4),
         "split_dense_all": (D._split_kernel, {**dec_base, "PAGE_SIZE": 0, "HAS_BATCH_IDX": True, "HAS_LEFTPAD": True, "HAS_ALIBI": True, "HAS_SOFTCAP": True, "HAS_WINDOW_LEFT": True, "HAS_WINDOW_RIGHT": True, "FINAL": True}, {"BLOCK_TABLE"}, 4, 4),
     })
     return cases

@@ -63,11 +63,17 @@ def _key_slice(pid_m, pid_split, seqlen_q, kv_len, shift, window_left, window_ri
 
 @triton.jit
 def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_ks, stride_vb, stride_vs,
-             PAGE_SIZE: tl.constexpr):
+             pages, first_page, PAGE_SIZE: tl.constexpr, PRELOAD: tl.constexpr):
     """Element offsets of the K and V rows at cache positions ``pos``: through the row's block
-    table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``."""
+    table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``. With PRELOAD > 0 the page
+    numbers come from ``pages`` (the split's table entries from column ``first_page``, loaded
+    before the loop), so no load in the loop waits on another load."""
     if PAGE_SIZE > 0:
-        page = tl.load(BLOCK_TABLE + b * stride_btb + pos // PAGE_SIZE, mask=n_ok, other=0)
+        if PRELOAD > 0:
+            col = tl.minimum(tl.maximum(pos // PAGE_SIZE - first_page, 0), PRELOAD - 1)
+            page = tl.gather(pages, col, axis=0)
+        else:
+            page = tl.load(BLOCK_TABLE + b * stride_btb + pos // PAGE_SIZE, mask=n_ok, other=0)
         k_row = page.to(tl.int64) * stride_kb + (pos % PAGE_SIZE) * stride_ks
         v_row = page.to(tl.int64) * stride_vb + (pos % PAGE_SIZE) * stride_vs
     else:
@@ -113,6 +119,7 @@ def _split_kernel(
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PRELOAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_LENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -183,11 +190,16 @@ def _split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
+    first_page = (start + pad) // PAGE_SIZE if PAGE_SIZE > 0 else 0
+    pages = 0
+    if PAGE_SIZE > 0 and PRELOAD > 0:
+        cols = first_page + tl.arange(0, PRELOAD)
+        pages = tl.load(BLOCK_TABLE + b * stride_btb + cols, mask=cols < capacity // PAGE_SIZE, other=0)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
         k_row, v_row = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
-                                stride_kb, stride_ks, stride_vb, stride_vs, PAGE_SIZE)
+                                stride_kb, stride_ks, stride_vb, stride_vs, pages, first_page, PAGE_SIZE, PRELOAD)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
@@ -284,6 +296,26 @@ def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, bloc
     by_fill = math.ceil(target / max(programs, 1))
     by_length = max(1, capacity // (2 * block_n))
     return max(1, min(by_fill, by_length, 64))
+
+
+# The most block-table entries a paged split loads before its loop (a power of two). Up to this
+# many pages per split, the page numbers sit in registers and the K/V loads' addresses depend on
+# no load of the same iteration; past it (long contexts on few splits) each key looks its page up.
+PRELOAD_MAX = 32
+
+
+def preload_pages(capacity: int, page_size: int, block_n: int, splits: int) -> int:
+    """Block-table entries one split preloads (0: look pages up per key; see PRELOAD_MAX).
+
+    A split reads at most ceil(ceil(capacity / block_n) / splits) blocks, which start anywhere in
+    a page (left padding, windows), so they touch at most that many keys' pages plus one.
+    """
+    if page_size <= 0:
+        return 0
+    keys = -(-(-(-capacity // block_n)) // splits) * block_n
+    pages = -(-keys // page_size) + 1
+    preload = 1 << (pages - 1).bit_length()
+    return preload if preload <= PRELOAD_MAX else 0
 
 
 _SETUP: dict = {}
@@ -393,6 +425,7 @@ def decode_attention(
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
     splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, sms, on_gpu, block_n)
+    page_size = k_cache.shape[1] if block_table is not None else 0
     if seqlen_q == 1:
         qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
     # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
@@ -423,7 +456,7 @@ def decode_attention(
             seqlen_q, num_kv_heads, hd, total_len_uniform, capacity,
             softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, block_d, k_cache.shape[1] if block_table is not None else 0,
+        (group, block_m, block_n, block_d, page_size, preload_pages(capacity, page_size, block_n, splits),
          splits, total_lens is not None, batch_idx is not None, leftpad is not None,
          alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
          need_lse or splits > 1, aligned),

@@ -1,0 +1,78 @@
+"""How the split-K decode kernel finds a paged cache's pages: a split preloads its block-table
+entries into registers when they are few (``PRELOAD_MAX``), else each key looks its page up.
+Both give the same attention, with left padding, windows and splits that start mid-page."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from flash_ref import load_flash_attn2, rel_err
+
+fa = load_flash_attn2()
+decode = importlib.import_module(fa.__name__ + "._triton_decode")
+
+PAGE, D = 16, 32
+
+
+@pytest.mark.parametrize("capacity, page, block_n, splits, expected", [
+    (4096, 256, 64, 1, 32),    # 16 pages + 1 for a mid-page start -> 32
+    (4096, 256, 64, 2, 16),    # 2048 keys per split: 8 + 1 -> 16
+    (32768, 256, 64, 2, 0),    # 64 + 1 pages per split: past PRELOAD_MAX, per-key lookups
+    (100, 16, 16, 1, 8),       # 7 blocks of 16 keys: 7 + 1 -> 8
+    (4096, 0, 64, 1, 0),       # not paged
+])
+def test_pages_preloaded_per_split(capacity, page, block_n, splits, expected):
+    assert decode.preload_pages(capacity, page, block_n, splits) == expected
+
+
+def test_preload_covers_every_page_a_split_touches():
+    for capacity in range(16, 400, 16):
+        for splits in (1, 2, 3, 5):
+            n = decode.preload_pages(capacity, PAGE, 16, splits)
+            if n:
+                keys = -(-(-(-capacity // 16)) // splits) * 16
+                # worst case: the split starts on a page's last key
+                assert n >= (PAGE - 1 + keys + PAGE - 1) // PAGE
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("window", [-1, 21])
+def test_preloaded_and_per_key_page_lookups_agree(monkeypatch, splits, window):
+    torch.manual_seed(splits + window)
+    pages = 12
+    k_cache = torch.randn(pages, PAGE, 2, D, dtype=torch.float16)
+    v_cache = torch.randn(pages, PAGE, 2, D, dtype=torch.float16)
+    table = torch.stack([torch.randperm(pages)[:5] for _ in range(3)]).to(torch.int32)
+    capacity = 5 * PAGE
+    lens = torch.tensor([capacity, 37, 61], dtype=torch.int32)
+    leftpad = torch.tensor([0, 5, 13], dtype=torch.int32)  # splits start mid-page
+    q = torch.randn(3, 1, 4, D, dtype=torch.float16)
+
+    def run():
+        out, lse = decode.decode_attention(
+            q, k_cache, v_cache, total_lens=lens, total_len_uniform=0, capacity=capacity,
+            block_table=table, batch_idx=None, leftpad=leftpad, alibi_slopes=None,
+            softmax_scale=D ** -0.5, window_left=window, window_right=-1, softcap=0.0,
+            num_splits=splits)
+        return out.float(), lse
+
+    assert decode.preload_pages(capacity, PAGE, 16, splits) > 0
+    pre_out, pre_lse = run()
+    monkeypatch.setattr(decode, "PRELOAD_MAX", 0)
+    key_out, key_lse = run()
+    assert rel_err(pre_out, key_out) < 1e-3
+    assert torch.allclose(pre_lse, key_lse, atol=1e-3)
+    # and both are attention over the keys the table names
+    for b in range(3):
+        keys = torch.cat([k_cache[p] for p in table[b].tolist()])[leftpad[b]:lens[b]]
+        vals = torch.cat([v_cache[p] for p in table[b].tolist()])[leftpad[b]:lens[b]]
+        if window >= 0:
+            keys, vals = keys[-(window + 1):], vals[-(window + 1):]
+        kk = keys.float().repeat_interleave(2, 1).transpose(0, 1)  # [4, n, D]
+        vv = vals.float().repeat_interleave(2, 1).transpose(0, 1)
+        scores = (q[b, 0].float()[:, None, :] @ kk.transpose(1, 2)) * D ** -0.5
+        ref = (scores.softmax(-1) @ vv)[:, 0]
+        assert rel_err(pre_out[b, 0], ref) < 3e-3
