@@ -1,4 +1,4 @@
-"""End to end in transformers: a Llama-3.2-1B-shaped model on the shipped kernel beside sdpa.
+"""End to end in transformers: a Llama-shaped model on the shipped kernel beside sdpa.
 
 One model (hidden 2048, 16 layers, 32 query / 8 key-value heads of 64, vocab 128256; random
 weights, bf16 on a GPU, fp32 on the CPU), switched between attention implementations with
@@ -16,6 +16,7 @@ Parity: relative error of the last hidden states against sdpa on the real tokens
 left-padded batch (eager's error beside it shows how far two correct implementations drift).
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/e2e_transformers.py            # on a GPU
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/e2e_transformers.py --shape llama-3-8b   # head_dim 128
     HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/e2e_transformers.py --smoke --out /tmp/e2e   # tiny, any machine
 """
 
@@ -29,6 +30,15 @@ import harness
 KERNEL = "kernels-community/flash-attn2"
 FULL = dict(batch=8, prompt=2048, new_tokens=256, rounds=7, layers=16, parity=(2, 512))
 SMOKE = dict(batch=2, prompt=32, new_tokens=4, rounds=3, layers=2, parity=(2, 16))
+# --shape: the model's attention shape (hidden, intermediate, heads q/kv, head_dim) and, for the
+# larger one, the sizes of its run (8 of Llama-3-8B's 32 layers keep a run within minutes)
+SHAPES = {
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64),
+    "llama-3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128),
+}
+SHAPE_SIZES = {"llama-3-8b": dict(batch=4, prompt=4096, new_tokens=128, rounds=5, layers=8, parity=(2, 512))}
 
 
 def _sdpa_flash_only():
@@ -57,8 +67,10 @@ def _rel_err(model, ids, mask, expected) -> float:
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a check on any machine")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b",
+                        help="the model's shape (default: llama-3.2-1b)")
     args = parser.parse_args()
-    sizes = SMOKE if args.smoke else FULL
+    sizes = SMOKE if args.smoke else SHAPE_SIZES.get(args.shape, FULL)
 
     import torch
     import transformers
@@ -68,9 +80,8 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     config = transformers.LlamaConfig(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=sizes["layers"],
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-        max_position_embeddings=4096, tie_word_embeddings=True)
+        **SHAPES[args.shape], num_hidden_layers=sizes["layers"], vocab_size=128256,
+        max_position_embeddings=8192, tie_word_embeddings=True)
     klt.enable()
     torch.manual_seed(0)
     with torch.device(device):
@@ -130,13 +141,14 @@ def main() -> None:
             "parity_rel_err": parity.get(label),
         })
     path = harness.write_results(
-        "e2e_transformers" + ("_smoke" if args.smoke else ""), rows,
+        "e2e_transformers" + ("" if args.shape == "llama-3.2-1b" else "_" + args.shape.replace("-", "_").replace(".", ""))
+        + ("_smoke" if args.smoke else ""), rows,
         title="transformers end to end: the shipped kernel through the bridge beside sdpa",
         columns={"attention": "attention", "prefill_ms": "prefill ms", "prefill_vs_sdpa": "prefill vs sdpa, paired",
                  "decode_ms_per_step": "decode ms/step", "decode_vs_sdpa": "decode vs sdpa, paired",
                  "parity_rel_err": "hidden-state rel err vs sdpa"},
         out_dir=args.out, commit=args.commit,
-        notes=[f"Llama, {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters "
+        notes=[f"Llama ({args.shape} shape: {SHAPES[args.shape]}), {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters "
                f"({sizes['layers']} layers), random weights, {str(dtype).removeprefix('torch.')}; "
                f"prefill {sizes['batch']} × {sizes['prompt']} tokens, decode {sizes['new_tokens']} "
                f"greedy tokens; medians over {sizes['rounds']} interleaved rounds. Paired: sdpa ÷ row "
