@@ -10,8 +10,6 @@ column. Writes ``bench/results/attention.md`` and ``.json``::
 
 from __future__ import annotations
 
-import importlib
-
 import harness
 
 # (head_dim, heads_q, heads_k, seq): the rows of the table, both masks each
@@ -72,18 +70,6 @@ def contenders(kernels: dict, d: int, hq: int, hk: int, seq: int, causal: bool, 
         def both(fwd=fwd, grad=grad, leaves=leaves):
             torch.autograd.grad(fwd(), leaves, grad)
         timed[name] = (fwd, both)
-    if "ours" in kernels:
-        # the shipped kernel with dQ through atomics in the dK/dV kernel, beside its default
-        bwd = importlib.import_module(kernels["ours"].__name__ + "._triton_bwd")
-        fa = kernels["ours"]
-
-        def atomic_both():
-            saved, bwd.DQ_ATOMIC = bwd.DQ_ATOMIC, True
-            try:
-                torch.autograd.grad(fa.flash_attn_func(q, k, v, causal=causal), (q, k, v), do)
-            finally:
-                bwd.DQ_ATOMIC = saved
-        timed["ours_dq_atomic"] = (timed["ours"][0], atomic_both)
     return timed
 
 
@@ -100,8 +86,7 @@ def main() -> None:
         columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal",
                        ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd", sdpa_flash_fwd="FA2 fwd", flex_fwd="Flex fwd",
                        ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b", sdpa_flash_fwdbwd="FA2 f+b",
-                       flex_fwdbwd="Flex f+b", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b",
-                       ours_dq_atomic_fwdbwd="ours f+b, dQ atomics", ratio_dq_atomic_fwdbwd="dQ atomics/cuDNN f+b")
+                       flex_fwdbwd="Flex f+b", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b")
         if args.baseline:
             columns.update(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
                            vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
@@ -126,8 +111,6 @@ def main() -> None:
                 for key, other in (("ratio", "sdpa_cudnn"), ("vs_baseline", "baseline")):
                     if row.get(f"ours_{part}") and row.get(f"{other}_{part}"):
                         row[f"{key}_{part}"] = row[f"ours_{part}"] / row[f"{other}_{part}"]
-            if row.get("ours_dq_atomic_fwdbwd") and row.get("sdpa_cudnn_fwdbwd"):
-                row["ratio_dq_atomic_fwdbwd"] = row["ours_dq_atomic_fwdbwd"] / row["sdpa_cudnn_fwdbwd"]
             rows.append(row)
             print(row, flush=True)
             path = write()  # after every row: a run stopped by a time limit keeps its rows

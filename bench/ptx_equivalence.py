@@ -27,7 +27,7 @@ def load(pkg_dir: Path, name: str):
     return tuple(importlib.import_module(f"{name}.{m}") for m in ("_triton_fwd", "_triton_bwd", "_triton_decode"))
 FLOATS = {"qk_scale", "softcap_scale", "softcap", "sm_scale", "dropout_p", "scale_log2"}
 I32P = {"CuQ", "CuK", "SeqUsedK", "BLOCK_TABLE", "TOTAL_LENS", "BATCH_IDX", "LEFTPAD"}
-F32P = {"Lse", "Delta", "Alibi", "ALIBI", "LSE", "O_PART", "LSE_PART", "DQA"}
+F32P = {"Lse", "Delta", "Alibi", "ALIBI", "LSE", "O_PART", "LSE_PART"}
 
 def compile_one(fn, consts, none_ptrs, num_warps, num_stages, o_f32=False):
     names = list(fn.arg_names)
@@ -85,14 +85,6 @@ def configurations(F, B, D) -> dict:
         "dq_varlen_all": (B._bwd_dq_kernel, {**bwd_base, "IS_VARLEN": True, "HAS_LEFT": True, "HAS_RIGHT": True, "HAS_SOFTCAP": True, "HAS_ALIBI": True, "HAS_DROPOUT": True, "EVEN_D": False, "REVERSE": False, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": 64}, {"SeqUsedK"}, 4, 2),
         "delta": (B._delta_kernel, {"IS_VARLEN": True, "BLOCK_M": 64, "BLOCK_D": 128}, set(), 4, 3),
     })
-    # dQ through atomics in the dK/dV kernel (newer packages): off in the cases above, on in two more
-    atomic = "DQ_ATOMIC" in B._bwd_dkdv_kernel.arg_names
-    for name in [n for n in cases if n.startswith("dkdv")]:
-        fn, consts, nones, w, st = cases[name]
-        if atomic:
-            cases[name] = (fn, {**consts, "DQ_ATOMIC": False}, nones | {"DQA"}, w, st)
-        cases[name + "_dq_atomic"] = (fn, {**consts, **({"DQ_ATOMIC": True} if atomic else {})},
-                                      nones if atomic else nones, w, st)
     dec_base = dict(GROUP=4, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, PAGE_SIZE=256, NUM_SPLITS=4, HAS_LENS=True, HAS_BATCH_IDX=False,
                     HAS_LEFTPAD=False, HAS_ALIBI=False, HAS_SOFTCAP=False, HAS_WINDOW_LEFT=False, HAS_WINDOW_RIGHT=False,
                     FINAL=False, STORE_LSE=True, ALIGNED=True)

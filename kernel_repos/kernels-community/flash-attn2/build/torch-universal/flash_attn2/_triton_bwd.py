@@ -66,35 +66,17 @@ def _delta_kernel(
 
 
 @triton.jit
-def _add_dq(dq_base, stride_dqm, dq, offs_m, offs_d, seqlen_q, head_dim, MASKED: tl.constexpr,
-            EVEN_D: tl.constexpr):
-    """Atomically add one block's dQ share (fp32) at query rows ``offs_m``."""
-    ptrs = dq_base + offs_m[:, None] * stride_dqm + offs_d[None, :]
-    if MASKED:
-        mask = offs_m[:, None] < seqlen_q
-        if not EVEN_D:
-            mask = mask & (offs_d[None, :] < head_dim)
-        tl.atomic_add(ptrs, dq, mask=mask, sem="relaxed")
-    elif not EVEN_D:
-        tl.atomic_add(ptrs, dq, mask=offs_d[None, :] < head_dim, sem="relaxed")
-    else:
-        tl.atomic_add(ptrs, dq, sem="relaxed")
-
-
-@triton.jit
 def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, head_dim, win, sc, rng,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                     MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
-                    KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                    KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
     """Add query blocks [start, end) of one query head to ``grads = (dk, dv)`` of one key block.
 
-    ``rows = (q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm, dq_base,
-    stride_dqm)`` point at that head's rows; ``WANT = (WANT_DK, WANT_DV)`` (the two-pass mode
-    wants one at a time). With DQ_ATOMIC, each block's dS·K is also added into the fp32 dQ
-    accumulator at ``dq_base`` (atomics: the dQ kernel and its two recomputed products go)."""
+    ``rows = (q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm)`` point at
+    that head's rows; ``WANT = (WANT_DK, WANT_DV)`` (the two-pass mode wants one at a time)."""
     dk, dv = grads
-    q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm, dq_base, stride_dqm = rows
+    q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm = rows
     WANT_DK: tl.constexpr = WANT[0]
     WANT_DV: tl.constexpr = WANT[1]
     diag = win[1]
@@ -138,9 +120,6 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
                     t = _tanh(qkT * sc[1])
                     dsT = dsT * (1.0 - t * t)
                 dk = tl.dot(dsT.to(q.dtype), q, dk)
-                if DQ_ATOMIC:
-                    _add_dq(dq_base, stride_dqm, tl.dot(tl.trans(dsT.to(k.dtype)), k), offs_m, offs_d,
-                            seqlen_q, head_dim, MASKED, EVEN_D)
         else:
             # Tiles are [queries, keys]: k and v stay in shared memory as right operands (fewer
             # registers at large head dims) at the price of transposing p and ds.
@@ -167,9 +146,6 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
                     t = _tanh(qk * sc[1])
                     ds = ds * (1.0 - t * t)
                 dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
-                if DQ_ATOMIC:
-                    _add_dq(dq_base, stride_dqm, tl.dot(ds.to(k.dtype), k), offs_m, offs_d, seqlen_q, head_dim,
-                            MASKED, EVEN_D)
     return dk, dv
 
 
@@ -178,16 +154,15 @@ def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_star
                     ranges, seqlen_q, head_dim, win, sc3, rng3,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr,
-                    DQ_ATOMIC: tl.constexpr):
+                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
     """Accumulate ``grads = (dk, dv)`` of one key block over the query heads of its GQA group.
 
-    ``ins = (Q, DO, Lse, Delta, Alibi, DQA)``; ``strides`` their (batch, token, head) strides and
-    the ALiBi strides, then DQA's; ``ranges = (lo, hi, flo, fhi)`` from ``_query_range``; ``sc3`` / ``rng3`` the
+    ``ins = (Q, DO, Lse, Delta, Alibi)``; ``strides`` their (batch, token, head) strides and the
+    ALiBi strides; ``ranges = (lo, hi, flo, fhi)`` from ``_query_range``; ``sc3`` / ``rng3`` the
     score and dropout tuples without the per-head part (slope, counter base)."""
-    Q, DO, Lse, Delta, Alibi, DQA = ins
+    Q, DO, Lse, Delta, Alibi = ins
     (stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
-     stride_lb, stride_lh, stride_lm, stride_ab, stride_ah, stride_dqab, stride_dqam, stride_dqah) = strides
+     stride_lb, stride_lh, stride_lm, stride_ab, stride_ah) = strides
     lo, hi, flo, fhi = ranges
     qk_scale, softcap_scale, softcap = sc3
     seed, rng_sq, rng_sk, dropout_p = rng3
@@ -198,30 +173,27 @@ def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_star
             slope2 = tl.load(Alibi + b64 * stride_ab + h * stride_ah).to(tl.float32) * 1.4426950408889634
         sc = (qk_scale, softcap_scale, softcap, slope2)
         rng = (seed, (b64 * n_heads_q + h) * rng_sq * rng_sk, rng_sk, dropout_p)
-        dq_base = Q  # unused unless DQ_ATOMIC (DQA is then None, a constant that takes no arithmetic)
-        if DQ_ATOMIC:
-            dq_base = DQA + b64 * stride_dqab + h.to(tl.int64) * stride_dqah + q_start.to(tl.int64) * stride_dqam
         rows = (Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm,
                 DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + q_start.to(tl.int64) * stride_dom,
                 Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm,
                 Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm,
-                stride_qm, stride_dom, stride_lm, dq_base, stride_dqam)
+                stride_qm, stride_dom, stride_lm)
         # masked blocks before the bulk (right window / causal edge), the bulk, masked after
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, lo, flo, seqlen_q, head_dim, win,
                                 sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                True, BLOCK_M, KEYS_AS_ROWS, WANT, DQ_ATOMIC)
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, flo, fhi, seqlen_q, head_dim, win,
                                 sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                False, BLOCK_M, KEYS_AS_ROWS, WANT, DQ_ATOMIC)
+                                False, BLOCK_M, KEYS_AS_ROWS, WANT)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, fhi, hi, seqlen_q, head_dim, win,
                                 sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                True, BLOCK_M, KEYS_AS_ROWS, WANT, DQ_ATOMIC)
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
     return grads
 
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, CuQ, CuK, SeqUsedK, Alibi, DQA,
+    Q, K, V, DO, Lse, Delta, DK, DV, CuQ, CuK, SeqUsedK, Alibi,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -230,7 +202,6 @@ def _bwd_dkdv_kernel(
     stride_dvb, stride_dvn, stride_dvh,
     stride_lb, stride_lh, stride_lm,
     stride_ab, stride_ah,
-    stride_dqab, stride_dqam, stride_dqah,
     seqlen_q_dense, seqlen_k_dense, n_heads_q, n_heads_k, group, head_dim,
     qk_scale, softcap_scale, softcap, sm_scale, window_left, window_right,
     dropout_p, seed, rng_sq, rng_sk,
@@ -238,7 +209,7 @@ def _bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    KEYS_AS_ROWS: tl.constexpr, TWO_PASS: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+    KEYS_AS_ROWS: tl.constexpr, TWO_PASS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -267,9 +238,9 @@ def _bwd_dkdv_kernel(
 
     ranges = _query_range(n0, seqlen_q, seqlen_k, diag, window_left, window_right,
                           BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
-    ins = (Q, DO, Lse, Delta, Alibi, DQA)
+    ins = (Q, DO, Lse, Delta, Alibi)
     strides = (stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
-               stride_lb, stride_lh, stride_lm, stride_ab, stride_ah, stride_dqab, stride_dqam, stride_dqah)
+               stride_lb, stride_lh, stride_lm, stride_ab, stride_ah)
     win = (seqlen_k, diag, window_left, window_right)
     sc3 = (qk_scale, softcap_scale, softcap)
     rng3 = (seed, rng_sq, rng_sk, dropout_p)
@@ -279,18 +250,18 @@ def _bwd_dkdv_kernel(
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (False, True), False)
+                                BLOCK_M, KEYS_AS_ROWS, (False, True))
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (True, False), DQ_ATOMIC)
+                                BLOCK_M, KEYS_AS_ROWS, (True, False))
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     else:
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (True, True), DQ_ATOMIC)
+                                BLOCK_M, KEYS_AS_ROWS, (True, True))
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
 
@@ -429,15 +400,11 @@ def attention_backward(
     dropout_p: float = 0.0,
     seed: int = 0,
     config: Optional[tuple] = None,
-    dq_atomic: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of q, k, v (same layouts as the inputs, contiguous) given dO.
 
     ``config`` ``((BLOCK_M, BLOCK_N, warps, stages, keys_as_rows), (BLOCK_M, BLOCK_N, warps,
     stages))`` for the dK/dV and dQ kernels overrides the shipped table (benchmarks).
-    ``dq_atomic`` (default :data:`DQ_ATOMIC`) computes dQ inside the dK/dV kernel through fp32
-    atomics: five matmuls per block pair instead of seven, but the order of the additions, and
-    so the last bits of dQ, vary from run to run.
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
@@ -490,12 +457,8 @@ def attention_backward(
         (varlen, pre_m, block_d), 4, 3,  # Triton's defaults, as before the Launcher
     )
     sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
-    fused = DQ_ATOMIC if dq_atomic is None else bool(dq_atomic)
-    # fused: dQ accumulates in fp32 through atomics in the dK/dV kernel (no dQ kernel)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if fused else None
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi, dq_acc, *sq, *sk, *sv, *sdo,
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
                  *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
-                 *(_strides3(dq_acc, varlen) if fused else (0, 0, 0)),
                  sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
     dq_args = (q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
                *_strides3(dq, varlen), *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
@@ -504,25 +467,16 @@ def attention_backward(
 
     def launch(cfg):
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
-        if fused:
-            dq_acc.zero_()  # the autotuner launches more than once
         _DKDV(((sk_max + bn_ - 1) // bn_, batch * hk, 1), dkdv_args,
-              flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass"), fused), w_, s_)
-        if fused:
-            torch.mul(dq_acc, softmax_scale, out=dq_acc)
-            dq.copy_(dq_acc)
-            return
+              flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass")), w_, s_)
         _DQ(((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
             flags + (right >= 0, bm2, bn2, block_d), w2, s2)
 
-    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None) + (("dq-atomic",) if fused else ())
+    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
     launch(_configs.choose("bwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c))))
     return dq, dk, dv
 
-
-# dQ through atomics in the dK/dV kernel (attention_backward's dq_atomic): off until measured
-DQ_ATOMIC = False
 
 _DELTA = Launcher(_delta_kernel)
 _DKDV = Launcher(_bwd_dkdv_kernel)
