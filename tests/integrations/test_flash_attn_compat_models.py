@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -183,6 +184,115 @@ def test_generate_batch_on_the_kernel_matches_sdpa_paged(flash_attn_stand_in):
     assert tokens["flash"] == tokens["sdpa"]
     assert all(len(t) == 6 for t in tokens["flash"])
     assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 12  # 2 layers x (prefill + decode steps)
+
+
+class _ReplayedGraph:
+    """What a captured CUDA graph amounts to here: replay() runs the captured forward again on the
+    same static input buffers, with the host values (shapes, max lengths) of the capture."""
+
+    def __init__(self, forward_fn, args):
+        self.forward_fn, self.args = forward_fn, args
+
+    def replay(self):
+        self.forward_fn(*self.args)
+
+    def reset(self):  # transformers frees its graphs with this; nothing is held here
+        self.args = ()
+
+
+@pytest.fixture
+def graph_shaped_batching(monkeypatch):
+    """transformers' continuous batching as it runs on a GPU with its defaults for flash: decode
+    fast path (``flash_attn_with_kvcache`` + block table) and CUDA graphs on, so every batch is
+    padded to a graph's fixed size. The CPU has neither, so transformers' two questions (is CUDA
+    there, is a graph backend there) are answered yes and a graph capture keeps the forward to
+    replay it. The padding, the graph keys and the captured host values are transformers' own."""
+    import types
+
+    from transformers.generation.continuous_batching import initialization, model_runner
+
+    class _Cuda(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+        @staticmethod
+        def is_available():
+            return True
+
+    class _Torch(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+    answered = _Torch("torch")
+    answered.cuda = _Cuda("torch.cuda")
+    monkeypatch.setattr(initialization, "torch", answered)  # 5.17: torch.cuda.is_available()
+    monkeypatch.setattr(initialization, "get_accelerator_graph_name", lambda: "CUDAGraph", raising=False)  # 5.24
+    for pools in ("get_memory_pools", "get_cuda_pools"):  # 5.24, 5.17
+        monkeypatch.setattr(model_runner, pools, lambda: (None, None), raising=False)
+    captured = []
+
+    def capture(self, forward_fn, compute_stream, *args):
+        forward_fn(*args)  # transformers runs the forward once before capturing it
+        graph = _ReplayedGraph(forward_fn, args)
+        captured.append(graph)
+        self.inputs_and_outputs.set_graph(graph)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "_capture_graph", capture)
+    return captured
+
+
+def _recorded(fn, calls):
+    @functools.wraps(fn)
+    def record(*args, **kwargs):
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+        calls.append({k: (v.tolist() if isinstance(v, torch.Tensor) and v.dtype in (torch.int32, torch.int64)
+                          else tuple(v.shape) if isinstance(v, torch.Tensor) else v)
+                      for k, v in bound.arguments.items()})
+        return fn(*args, **kwargs)
+
+    return record
+
+
+@needs_transformers_5
+def test_generate_batch_with_cuda_graph_padding_matches_sdpa_paged(flash_attn_stand_in, graph_shaped_batching,
+                                                                   monkeypatch):
+    """generate_batch with transformers' GPU defaults for flash (decode fast path, CUDA graphs, so
+    padded batches): 3 requests in graphs of 4 rows give a padding row (cache_seqlens -1, a block
+    table row of -1) at every decode step, and prefill batches carry query tokens past
+    cu_seqlens_q[-1] and empty sequences. The tokens are sdpa's (unpadded, no graphs)."""
+    from kernel_loader.attention.fallback import flash_chain_kernel
+
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    reference, flash = build_pair(transformers.LlamaForCausalLM, config, "sdpa")
+    kernel = flash_chain_kernel("flash_attention_2")
+    decode_calls, varlen_calls = [], []
+    monkeypatch.setattr(kernel, "flash_attn_with_kvcache", _recorded(kernel.flash_attn_with_kvcache, decode_calls))
+    monkeypatch.setattr(kernel, "flash_attn_varlen_func", _recorded(kernel.flash_attn_varlen_func, varlen_calls))
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (5, 9, 3)]
+    generation = transformers.GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    tokens = {}
+    for name, model in (("sdpa", reference), ("flash", flash)):
+        batching = transformers.ContinuousBatchingConfig(
+            page_size=16, num_blocks=16, max_batch_tokens=64, auto_switch_to_flash=False, max_requests_per_batch=4,
+            # async double-buffering needs a GPU; it changes how inputs are staged, not the attention calls
+            **({"max_blocks_per_request": 4, "use_async_batching": False} if name == "flash" else {}),
+        )
+        with torch.no_grad():
+            result = model.generate_batch(prompts, generation_config=generation,
+                                          continuous_batching_config=batching, warmup=name == "flash")
+        tokens[name] = [result[key].generated_tokens for key in sorted(result)]
+    assert tokens["flash"] == tokens["sdpa"]
+    assert all(len(t) == 6 for t in tokens["flash"])
+    assert graph_shaped_batching, "no graph was captured"
+    padded_decode = [c for c in decode_calls if -1 in c["cache_seqlens"]]
+    assert len(padded_decode) >= 2 * 5  # 2 layers x the decode steps of 3 requests in 4 rows
+    assert all(c["block_table"][c["cache_seqlens"].index(-1)] == [-1] * 4 for c in padded_decode)
+    assert any(c["q"][0] > c["cu_seqlens_q"][-1] and c["cu_seqlens_q"][-1] == c["cu_seqlens_q"][-2]
+               for c in varlen_calls)  # padded prefill: tokens past the last sequence, empty sequences
 
 
 @needs_transformers_5
