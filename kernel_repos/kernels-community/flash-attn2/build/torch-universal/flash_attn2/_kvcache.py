@@ -2,9 +2,11 @@
 
 The steps, in flash-attn 2's order: rotate the new q/k (when rotary tables are given), write the
 new k/v into the cache in place at ``cache_seqlens[b]`` (through ``block_table`` when paged),
-then attend over ``cache_seqlens + S_new`` keys. The attention runs in the split-K Triton kernel
-of ``_triton_decode`` on CUDA (sm80+) and under ``TRITON_INTERPRET=1``; otherwise the cache is
-gathered into dense tensors and handed to the PyTorch path in ``_torch_impl``. Backend choice
+then attend over ``cache_seqlens + S_new`` keys. Padding rows (negative ``cache_seqlens``) and
+unallocated pages (negative ``block_table`` entries) are neither read nor written. The attention
+runs in the split-K Triton kernel of ``_triton_decode`` on CUDA (sm80+) and under
+``TRITON_INTERPRET=1``; otherwise the cache is gathered into dense tensors and handed to the
+PyTorch path in ``_torch_impl``. Backend choice
 and dtype limits are the package's (``_autograd.backend_for``, ``_validate``), so every entry
 point dispatches alike.
 """
@@ -379,12 +381,16 @@ def flash_attn_with_kvcache(
             ``k``/``v``. New keys are rotated at positions ``cache_seqlens[b] + t``; queries at
             ``cache_seqlens[b] + i`` when causal or windowed, else all at ``cache_seqlens[b]``.
         cache_seqlens: int or int32 ``[B]``: keys already in each row's cache (default: the
-            whole cache). Attention covers ``cache_seqlens + S_new`` keys.
+            whole cache). Attention covers ``cache_seqlens + S_new`` keys. A negative entry of
+            the tensor marks a padding row (transformers pads CUDA-graph batches with -1): nothing
+            is appended for it, it attends to no key (out 0, LSE +inf) and reads nothing.
         cache_batch_idx: optional int32 ``[B]``: which row of a contiguous cache each batch
             entry uses (default ``arange(B)``).
         cache_leftpad: optional int32 ``[B]``: first valid cache position of each row; keys
             before it are ignored and positions (causal, window, alibi) count from it.
-        block_table: optional int32 ``[B, max_blocks]``: the pages of each row, in order.
+        block_table: optional int32 ``[B, max_blocks]``: the pages of each row, in order. A
+            negative entry marks a page that is not allocated: nothing is read from or written
+            through it, and a row's keys must not reach it (refused on the host for a CPU table).
         softmax_scale: default ``1 / sqrt(D)``.
         causal: bottom-right aligned mask (query i sees keys up to ``i + L - Sq``).
         window_size: ``(left, right)`` local attention, -1 = unbounded.
@@ -398,12 +404,18 @@ def flash_attn_with_kvcache(
         ``out`` ``[B, Sq, Hq, D]`` in q's dtype, or ``(out, softmax_lse)``. A query row that sees
         no key gets out 0 and LSE +inf.
 
+    The call needs no host sync on the GPU and can be captured in a CUDA graph: whether each
+    new key is written is decided on the device (see ``_triton_append``), and no shape depends on
+    a tensor's values.
+
     Raises:
         ValueError: shapes, dtypes or devices that do not fit together, rotary tables without
-            new k/v, float32 on the GPU kernels (as flash-attn; cast to bf16/fp16).
+            new k/v, float32 on the GPU kernels (as flash-attn; cast to bf16/fp16); a CPU block
+            table whose entries reach past the cache or whose unallocated page (-1) a row's keys
+            reach.
         CacheBoundsError: (a ValueError and a RuntimeError) cache_seqlens (+ the new keys)
             past the cache's capacity, ``block_table.shape[1] * page_size`` when paged, where
-            that is known without a device sync: an int, or a tensor on the CPU. A device tensor
+            that is known without a device sync: an int, or a tensor on the CPU; a negative int. A device tensor
             is not read on the host (that would cost a sync per decode step); a row past the
             capacity then keeps only the new keys that fit and attends to its first
             ``capacity`` keys, and nothing outside the cache or block table is read or written.
