@@ -197,3 +197,52 @@ def test_transformers_padded_varlen_batch(path):
         qs, ks = int(cu_q[i]), int(cu_k[i])
         ref, _ = reference(q[None, qs:qs + sq], k[None, ks:ks + sk], v[None, ks:ks + sk], causal=True)
         assert rel_err(out[None, qs:qs + sq], ref) < 4e-3, i
+
+
+def test_the_gpu_path_reads_no_device_value_on_the_host(monkeypatch):
+    """What lets a CUDA graph capture these calls: on the GPU path no tensor value reaches the
+    host (no .item(), no data-dependent shape, no branch on a device value). The calls run on fake
+    CUDA tensors, which have shapes but no values (reading one raises), with the kernel launches
+    recorded instead of run; the GPU's properties are given."""
+    from importlib import import_module
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    autograd = import_module(fa.__name__ + "._autograd")
+    decode = import_module(fa.__name__ + "._triton_decode")
+    append = import_module(fa.__name__ + "._triton_append")
+    fwd = import_module(fa.__name__ + "._triton_fwd")
+    launches = []
+
+    def recorder(name):
+        def launch(grid, args, constexprs, num_warps, num_stages):
+            assert all(a is None or isinstance(a, (torch.Tensor, int, float)) for a in args), name
+            launches.append(name)
+        return launch
+
+    for module, attr in ((append, "_APPEND"), (decode, "_SPLIT"), (decode, "_COMBINE"), (fwd, "_FWD")):
+        monkeypatch.setattr(module, attr, recorder(attr))
+    device = torch.device("cuda", 0)
+    monkeypatch.setitem(autograd._CUDA_BACKENDS, device, "gpu")
+    monkeypatch.setitem(decode._SETUP, (D, device), (128, 4, 4, 32, 132, True))  # an H100/H200's
+    monkeypatch.setitem(fwd._CAPABILITY, device, (9, 0))
+    with FakeTensorMode():
+        def empty(*shape, dtype=torch.float16):
+            return torch.empty(*shape, dtype=dtype, device=device)
+
+        # the padded decode batch: 4 rows, lengths on the device (one -1), block table with -1 rows
+        out = fa.flash_attn_with_kvcache(
+            empty(4, 1, H, D), empty(PAGES, PAGE, HK, D), empty(PAGES, PAGE, HK, D), k=empty(4, 1, HK, D),
+            v=empty(4, 1, HK, D), cache_seqlens=empty(4, dtype=torch.int32), block_table=empty(4, 4, dtype=torch.int32),
+            causal=True)
+        assert out.shape == (4, 1, H, D)
+        # split-K over many keys: the second (combine) launch too
+        fa.flash_attn_with_kvcache(
+            empty(1, 1, H, D), empty(64, PAGE, HK, D), empty(64, PAGE, HK, D), k=empty(1, 1, HK, D),
+            v=empty(1, 1, HK, D), cache_seqlens=empty(1, dtype=torch.int32), block_table=empty(1, 64, dtype=torch.int32),
+            causal=True)
+        # the padded prefill batch, max lengths given as host ints
+        out = fa.flash_attn_varlen_func(empty(64, H, D), empty(320, HK, D), empty(320, HK, D),
+                                        empty(5, dtype=torch.int32), empty(5, dtype=torch.int32), 64, 1024, causal=True)
+        assert out.shape == (64, H, D)
+    assert launches == ["_APPEND", "_SPLIT", "_APPEND", "_SPLIT", "_COMBINE", "_FWD"]
