@@ -204,18 +204,23 @@ def test_transformers_import_time_distribution_map_is_refreshed(offline_shipped,
     assert "flash_attn" not in mapping and "flash_attn_interface" not in mapping
 
 
-def test_a_real_flash_attn_on_sys_path_wins(tmp_path, offline_shipped, monkeypatch):
+def _real_package_on_sys_path(tmp_path, monkeypatch, module_file: str, dist: str, version: str, top_level: str) -> None:
+    """A real (tiny) package: ``module_file`` (a path under site-packages) and its dist-info."""
     site = tmp_path / "site"
-    (site / "flash_attn").mkdir(parents=True)
-    (site / "flash_attn" / "__init__.py").write_text("__version__ = '2.7.4'\nREAL = True\n")
-    info = site / "flash_attn-2.7.4.dist-info"
+    (site / module_file).parent.mkdir(parents=True, exist_ok=True)
+    (site / module_file).write_text(f"__version__ = {version!r}\nREAL = True\n")
+    info = site / f"{dist}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.7.4\n")
-    (info / "top_level.txt").write_text("flash_attn\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text(top_level + "\n")
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     drop_flash_attn_modules()
     kernel_loader.install_flash_attn()
+
+
+def test_a_real_flash_attn_on_sys_path_wins(tmp_path, offline_shipped, monkeypatch):
+    _real_package_on_sys_path(tmp_path, monkeypatch, "flash_attn/__init__.py", "flash_attn", "2.7.4", "flash_attn")
     try:
         import flash_attn
 
@@ -235,17 +240,8 @@ def test_a_real_flash_attn_on_sys_path_wins(tmp_path, offline_shipped, monkeypat
 def test_a_real_flash_attention_3_takes_both_of_its_names(tmp_path, offline_shipped, monkeypatch):
     """FlashAttention 3 installs ``flash_attn_interface`` and the package ``flash_attn_3``: when
     the real one provides either, the stand-in serves neither (no half-real, half-stand-in FA3)."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "flash_attn_interface.py").write_text("REAL = True\n")
-    info = site / "flash_attn_3-3.0.0b1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn_3\nVersion: 3.0.0b1\n")
-    (info / "top_level.txt").write_text("flash_attn_interface\n")
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
-    drop_flash_attn_modules()
-    kernel_loader.install_flash_attn()
+    _real_package_on_sys_path(tmp_path, monkeypatch, "flash_attn_interface.py", "flash_attn_3", "3.0.0b1",
+                              "flash_attn_interface")
     try:
         import flash_attn_interface
 

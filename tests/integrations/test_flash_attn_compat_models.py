@@ -167,9 +167,9 @@ def test_transformers_native_flash_implementations_use_the_stand_in(flash_attn_s
     assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 4
 
 
-@needs_transformers_5
-def test_generate_batch_on_the_kernel_matches_sdpa_paged(flash_attn_stand_in):
-    """Continuous batching (paged cache) with flash_attention_2 generates sdpa's greedy tokens."""
+def _generate_batch_tokens(flash_batching: dict, warmup_flash: bool) -> dict[str, list]:
+    """Greedy tokens of 3 prompts through generate_batch on a tiny Llama: sdpa's paged path, and
+    flash_attention_2 with ``flash_batching`` added to its ContinuousBatchingConfig."""
     config = transformers.LlamaConfig(
         vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -182,12 +182,20 @@ def test_generate_batch_on_the_kernel_matches_sdpa_paged(flash_attn_stand_in):
     for name, model in (("sdpa", reference), ("flash", flash)):
         batching = transformers.ContinuousBatchingConfig(
             page_size=16, num_blocks=16, max_batch_tokens=64, auto_switch_to_flash=False,
+            **(flash_batching if name == "flash" else {}),
         )
         with torch.no_grad():
             result = model.generate_batch(prompts, generation_config=generation,
-                                          continuous_batching_config=batching, warmup=False)
+                                          continuous_batching_config=batching, warmup=warmup_flash and name == "flash")
         tokens[name] = [result[key].generated_tokens for key in sorted(result)]
         assert model.config._attn_implementation == ("sdpa" if name == "sdpa" else "flash_attention_2")
+    return tokens
+
+
+@needs_transformers_5
+def test_generate_batch_on_the_kernel_matches_sdpa_paged(flash_attn_stand_in):
+    """Continuous batching (paged cache) with flash_attention_2 generates sdpa's greedy tokens."""
+    tokens = _generate_batch_tokens({}, warmup_flash=False)
     assert tokens["flash"] == tokens["sdpa"]
     assert all(len(t) == 6 for t in tokens["flash"])
     assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 12  # 2 layers x (prefill + decode steps)
@@ -269,29 +277,14 @@ def test_generate_batch_with_cuda_graph_padding_matches_sdpa_paged(flash_attn_st
     cu_seqlens_q[-1] and empty sequences. The tokens are sdpa's (unpadded, no graphs)."""
     from kernel_loader.attention.fallback import flash_chain_kernel
 
-    config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )
-    reference, flash = build_pair(transformers.LlamaForCausalLM, config, "sdpa")
     kernel = flash_chain_kernel("flash_attention_2")
     decode_calls, varlen_calls = [], []
     monkeypatch.setattr(kernel, "flash_attn_with_kvcache", _recorded(kernel.flash_attn_with_kvcache, decode_calls))
     monkeypatch.setattr(kernel, "flash_attn_varlen_func", _recorded(kernel.flash_attn_varlen_func, varlen_calls))
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (5, 9, 3)]
-    generation = transformers.GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
-    tokens = {}
-    for name, model in (("sdpa", reference), ("flash", flash)):
-        batching = transformers.ContinuousBatchingConfig(
-            page_size=16, num_blocks=16, max_batch_tokens=64, auto_switch_to_flash=False, max_requests_per_batch=4,
-            # async double-buffering needs a GPU; it changes how inputs are staged, not the attention calls
-            **({"max_blocks_per_request": 4, "use_async_batching": False} if name == "flash" else {}),
-        )
-        with torch.no_grad():
-            result = model.generate_batch(prompts, generation_config=generation,
-                                          continuous_batching_config=batching, warmup=name == "flash")
-        tokens[name] = [result[key].generated_tokens for key in sorted(result)]
+    # 4 rows per graph for 3 requests; async double-buffering needs a GPU (it changes how inputs
+    # are staged, not the attention calls)
+    tokens = _generate_batch_tokens({"max_requests_per_batch": 4, "max_blocks_per_request": 4,
+                                     "use_async_batching": False}, warmup_flash=True)
     assert tokens["flash"] == tokens["sdpa"]
     assert all(len(t) == 6 for t in tokens["flash"])
     assert graph_shaped_batching, "no graph was captured"

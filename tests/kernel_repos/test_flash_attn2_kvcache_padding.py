@@ -28,10 +28,9 @@ PAGES = 12
 
 @pytest.fixture(params=["triton", "torch"])
 def path(request, monkeypatch):
-    if request.param == "torch":
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    else:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    """Which implementation serves the calls: the Triton kernels (interpreter) or the PyTorch path."""
+    {"triton": lambda: monkeypatch.setenv("TRITON_INTERPRET", "1"),
+     "torch": lambda: monkeypatch.delenv("TRITON_INTERPRET", raising=False)}[request.param]()
     return request.param
 
 
