@@ -14,8 +14,12 @@ kernel) and uses its native FlashAttention code paths; nothing of transformers i
    (alternating which runs first; round 0 is a warm-up; up to 5 rounds, fewer once a minute has
    passed, at least 3); the figure is the median over rounds of
    generated tokens per second, and the paired ratio is the median of per-round ratios. CUDA
-   graphs off for both (sdpa's default); then, once, our kernel with transformers' default
-   configuration for flash (CUDA graphs on).
+   graphs off for both (sdpa's default). Then our kernel with transformers' default configuration
+   for flash (CUDA graphs on, padded batches), in a child process (a failed capture can leave the
+   CUDA context unusable): 3 rounds, round 0 a warm-up that also records the padded inputs the
+   kernel receives; tokens/s with and without transformers' warm-up (graph capture) time, and the
+   tokens compared with our graphs-off run. On a failure the child runs again with
+   CUDA_LAUNCH_BLOCKING=1 and both outputs' last lines go into the results.
 
     PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR [--commit=SHA]   # on the GPU machine
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR --smoke   # CPU, tiny
@@ -155,8 +159,8 @@ def _sdpa_paged_name(transformers: Any) -> str:
     return "sdpa" if "auto_switch_to_flash" in fields else "paged|sdpa"
 
 
-def generate_batch_rows(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any], smoke: bool,
-                        deadline: float) -> tuple[dict[str, Any], Any, Any]:
+def _llama_pair(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any]) -> tuple[Any, Any, list, Any]:
+    """(sdpa model, flash_attention_2 model with the same weights, prompts, generation config)."""
     import torch
 
     config = transformers.LlamaConfig(
@@ -165,21 +169,45 @@ def generate_batch_rows(transformers: Any, device: str, dtype: Any, sizes: dict[
         head_dim=sizes["hidden"] // sizes["heads"], max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
         eos_token_id=2,
     )
-    sdpa_name = _sdpa_paged_name(transformers)
     torch.manual_seed(0)
-    sdpa = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=sdpa_name, dtype=dtype)
+    sdpa = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation=_sdpa_paged_name(
+        transformers), dtype=dtype)
     ours = transformers.LlamaForCausalLM._from_config(copy.deepcopy(config), attn_implementation="flash_attention_2",
                                                       dtype=dtype)
     ours.load_state_dict(sdpa.state_dict())
-    sdpa, ours = sdpa.to(device).eval(), ours.to(device).eval()
     rng = random.Random(0)
     prompts = [[rng.randrange(3, sizes["vocab"]) for _ in range(rng.randint(sizes["min_prompt"], sizes["max_prompt"]))]
                for _ in range(sizes["requests"])]
     generation = transformers.GenerationConfig(max_new_tokens=sizes["new_tokens"], min_new_tokens=sizes["new_tokens"],
                                                do_sample=False, eos_token_id=None, pad_token_id=0)
+    return sdpa.to(device).eval(), ours.to(device).eval(), prompts, generation
 
-    def run_once(model: Any, graphs: bool | None) -> tuple[float, list[list[int]]]:
+
+def _runner(transformers: Any, prompts: list, generation: Any, sizes: dict[str, Any], smoke: bool, device: str):
+    """run_once(model, graphs) -> (seconds, seconds spent in transformers' warm-up, tokens per request).
+
+    ``graphs`` None is transformers' default configuration (CUDA graphs on for flash on a GPU), with
+    its warm-up (graph capture); the warm-up time is measured by wrapping ``ModelRunner.warmup``."""
+    import torch
+    from transformers.generation.continuous_batching import model_runner
+
+    warmup_s = [0.0]
+    real_warmup = model_runner.ModelRunner.warmup
+    if not getattr(real_warmup, "_timed", False):
+        def timed_warmup(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return real_warmup(self, *args, **kwargs)
+            finally:
+                _sync(device)
+                warmup_s[0] += time.perf_counter() - start
+
+        timed_warmup._timed = True
+        model_runner.ModelRunner.warmup = timed_warmup
+
+    def run_once(model: Any, graphs: bool | None) -> tuple[float, float, list[list[int]]]:
         batching = _batching_config(transformers, graphs, sizes, smoke)
+        warmup_s[0] = 0.0
         _sync(device)
         start = time.perf_counter()
         with torch.no_grad():
@@ -187,8 +215,22 @@ def generate_batch_rows(transformers: Any, device: str, dtype: Any, sizes: dict[
                                        warmup=graphs is not False)
         _sync(device)
         elapsed = time.perf_counter() - start
-        tokens = [list(out[key].generated_tokens) for key in sorted(out)]
-        return elapsed, tokens
+        return elapsed, warmup_s[0], [list(out[key].generated_tokens) for key in sorted(out)]
+
+    return run_once
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+    same = [x == y for x, y in zip(a, b)]
+    prefix = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x)) for x, y in zip(a, b)]
+    return {"identical_sequences": f"{sum(same)}/{len(same)}", "mean_common_prefix_tokens": statistics.mean(prefix)}
+
+
+def generate_batch_rows(transformers: Any, device: str, dtype: Any, sizes: dict[str, Any], smoke: bool,
+                        deadline: float) -> tuple[dict[str, Any], dict[str, list[list[int]]]]:
+    sdpa, ours, prompts, generation = _llama_pair(transformers, device, dtype, sizes)
+    sdpa_name = _sdpa_paged_name(transformers)
+    run_once = _runner(transformers, prompts, generation, sizes, smoke, device)
 
     result: dict[str, Any] = {"sdpa_implementation": sdpa_name, "prompt_tokens": sum(map(len, prompts)),
                               "requests": len(prompts), "new_tokens": sizes["new_tokens"], "rounds": []}
@@ -200,7 +242,7 @@ def generate_batch_rows(transformers: Any, device: str, dtype: Any, sizes: dict[
         order = [("ours", ours), ("sdpa", sdpa)] if rnd % 2 == 0 else [("sdpa", sdpa), ("ours", ours)]
         row: dict[str, Any] = {"round": rnd, "first": order[0][0]}
         for label, model in order:
-            elapsed, tokens = run_once(model, False)
+            elapsed, _, tokens = run_once(model, False)
             generated = sum(len(t) for t in tokens)
             row[f"{label}_s"] = elapsed
             row[f"{label}_tok_per_s"] = generated / elapsed
@@ -212,13 +254,9 @@ def generate_batch_rows(transformers: Any, device: str, dtype: Any, sizes: dict[
     for label in ("ours", "sdpa"):
         result[f"{label}_tok_per_s_median"] = statistics.median(r[f"{label}_tok_per_s"] for r in measured)
     result["paired_ratio_median"] = statistics.median(r["ours_tok_per_s"] / r["sdpa_tok_per_s"] for r in measured)
-    same = [a == b for a, b in zip(outputs["ours"], outputs["sdpa"])]
-    prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-              for a, b in zip(outputs["ours"], outputs["sdpa"])]
-    result["identical_sequences"] = f"{sum(same)}/{len(same)}"
-    result["mean_common_prefix_tokens"] = statistics.mean(prefix)
+    result.update(_agreement(outputs["ours"], outputs["sdpa"]))
     result["all_lengths_full"] = all(len(t) == sizes["new_tokens"] for t in outputs["ours"])
-    return result, ours, run_once
+    return result, outputs
 
 
 def _git_commit() -> str | None:
@@ -254,8 +292,11 @@ def _markdown(res: dict[str, Any]) -> str:
         ]
         default = gb.get("ours_default_config")
         if default:
-            error = default.get("error", "").splitlines()[0] if "error" in default else ""
-            cell = f"{default['tok_per_s']:.0f} | — |" if "tok_per_s" in default else f"failed: {error} | — |"
+            if "error" in default:
+                cell = f"failed: {default['error'].splitlines()[0]} | — |"
+            else:
+                cell = (f"{default['tok_per_s_after_warmup']:.0f} (warm-up excluded; {default['tok_per_s']:.0f} with it) | "
+                        f"{default['tok_per_s_after_warmup'] / gb['sdpa_tok_per_s_median']:.3f} (ratio of medians) |")
             lines.append(f"| flash_attention_2, transformers' default config (CUDA graphs on) | {cell}")
         lines += ["", "Per round (tokens/s, ours / sdpa): " + ", ".join(
             f"{r['round']}: {r['ours_tok_per_s']:.0f} / {r['sdpa_tok_per_s']:.0f}" for r in gb["rounds"]) + "."]
@@ -264,6 +305,16 @@ def _markdown(res: dict[str, Any]) -> str:
                   f"{gb['mean_common_prefix_tokens']:.1f} of {gb['new_tokens']} tokens (greedy bf16 decoding of a random "
                   "model; where the two part was not checked for near-ties: the forward parity below is the "
                   "correctness check).", ""]
+        if default and "error" not in default:
+            agree = default.get("agreement_with_ours_graphs_off", {})
+            lines += [f"CUDA graphs on: {len(default['rounds'])} rounds (round 0 warm-up), resolved config "
+                      f"{default['resolved_config']}; greedy outputs identical to ours with graphs off: "
+                      f"{agree.get('identical_sequences')} (mean common prefix {agree.get('mean_common_prefix_tokens')}); "
+                      f"padded inputs the kernel received (eager calls of round 0): {default['padding_seen']}.", ""]
+        elif default:
+            lines += ["CUDA graphs on, the failure (last lines; then a re-run with CUDA_LAUNCH_BLOCKING=1):", "",
+                      "```", default.get("output_tail", ""), "---", default.get("with_CUDA_LAUNCH_BLOCKING=1", ""),
+                      "```", ""]
     lines += ["## Forward, bf16, left-padded batch (2-layer models: times are mostly launch overhead)", "", "| model | reference | max abs err | within 4e-2 | ours ms | reference ms |",
               "|---|---|---|---|---|---|"]
     for name, row in res.get("forward", {}).items():
@@ -275,14 +326,13 @@ def _markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    smoke = "--smoke" in argv
-    commit = next((a.split("=", 1)[1] for a in argv if a.startswith("--commit=")), None)  # a copied tree has no .git
-    args = [a for a in argv if not a.startswith("--")]
-    out = Path(args[0] if args else REPO_ROOT / "bench" / "results")
-    out.mkdir(parents=True, exist_ok=True)
-    sizes = SMOKE if smoke else FULL
-    deadline = time.monotonic() + sizes["budget_s"]
+GRAPH_ROUNDS = 3  # transformers' default configuration: round 0 is a warm-up (and records the padding seen)
+
+
+def _setup(smoke: bool) -> tuple[Any, Any, str, Any]:
+    """(torch, transformers, device, dtype) with the bridge enabled and flash-attn "installed".
+
+    Returns device None when there is no CUDA GPU and ``smoke`` is off."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the kernel the chain finds offline: the shipped one
 
     import kernel_loader.integrations.transformers as klt
@@ -295,11 +345,150 @@ def main(argv: list[str]) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         if not smoke:
-            print("no CUDA GPU: run with --smoke on a CPU", file=sys.stderr)
-            return 2
+            return torch, transformers, None, None
         _open_cuda_gate_for_smoke()
         import_utils.is_flash_attn_2_available.cache_clear()
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return torch, transformers, device, torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def _padding_probe(torch: Any, seen: dict[str, Any], enabled: list[bool]) -> None:
+    """Count, in the eager calls (never inside a graph capture, where reading a tensor is not
+    allowed), the padded inputs transformers hands the kernel: decode rows with negative
+    cache_seqlens and all -1 block-table rows, prefill tokens past cu_seqlens_q[-1], empty
+    sequences, max_seqlen_k above the key rows."""
+    import functools
+    import inspect
+
+    from kernel_loader.attention.fallback import flash_chain_kernel
+
+    kernel = flash_chain_kernel("flash_attention_2")
+
+    def bump(key: str, by: int = 1) -> None:
+        seen[key] = seen.get(key, 0) + by
+
+    def wrap(fn: Any, kind: str) -> Any:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def probed(*args: Any, **kwargs: Any) -> Any:
+            if enabled[0] and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+                a = signature.bind(*args, **kwargs).arguments
+                bump(f"{kind}_eager_calls")
+                if kind == "kvcache" and isinstance(a.get("cache_seqlens"), torch.Tensor):
+                    lens, table = a["cache_seqlens"], a.get("block_table")
+                    bump("kvcache_padding_rows", int((lens < 0).sum()))
+                    seen["kvcache_min_cache_seqlens"] = min(seen.get("kvcache_min_cache_seqlens", 0), int(lens.min()))
+                    if table is not None:
+                        bump("kvcache_all_minus_one_block_rows", int((table < 0).all(dim=1).sum()))
+                    seen.setdefault("kvcache_batch_sizes", set()).add(int(lens.shape[0]))
+                elif kind == "varlen":
+                    cu_q, q, k = a["cu_seqlens_q"], a["q"], a["k"]
+                    bump("varlen_tokens_past_cu_seqlens_q", max(0, q.shape[0] - int(cu_q[-1])))
+                    bump("varlen_empty_sequences", int((cu_q.diff() == 0).sum()))
+                    if int(a["max_seqlen_k"]) > k.shape[0]:
+                        bump("varlen_max_seqlen_k_above_key_rows")
+            return fn(*args, **kwargs)
+
+        return probed
+
+    kernel.flash_attn_with_kvcache = wrap(kernel.flash_attn_with_kvcache, "kvcache")
+    kernel.flash_attn_varlen_func = wrap(kernel.flash_attn_varlen_func, "varlen")
+
+
+def graphs_child(out: Path, smoke: bool, rounds: int) -> int:
+    """The row 'transformers' default configuration (CUDA graphs on)', in its own process: a
+    failed capture can leave the CUDA context unusable. Writes ``out/graphs.json``."""
+    torch, transformers, device, dtype = _setup(smoke)
+    if device is None:
+        print("no CUDA GPU: run with --smoke on a CPU", file=sys.stderr)
+        return 2
+    from transformers.generation.continuous_batching import continuous_api
+
+    sizes = SMOKE if smoke else FULL
+    _, ours, prompts, generation = _llama_pair(transformers, device, dtype, sizes)
+    run_once = _runner(transformers, prompts, generation, sizes, smoke, device)
+    resolved: dict[str, Any] = {}
+    real_resolve = continuous_api.resolve_continuous_batching_config
+
+    def recording_resolve(*args: Any, **kwargs: Any) -> Any:
+        config = real_resolve(*args, **kwargs)
+        resolved.update({name: getattr(config, name, None) for name in (
+            "use_cuda_graph", "use_async_batching", "max_requests_per_batch", "max_blocks_per_request",
+            "max_batch_tokens", "q_padding_interval_size", "kv_padding_interval_size")})
+        return config
+
+    continuous_api.resolve_continuous_batching_config = recording_resolve
+    seen: dict[str, Any] = {}
+    probing = [True]
+    _padding_probe(torch, seen, probing)
+    result: dict[str, Any] = {"rounds": []}
+    for rnd in range(rounds):
+        probing[0] = rnd == 0  # the probe's reads cost host syncs: only in the warm-up round
+        elapsed, warmup_s, tokens = run_once(ours, None)
+        generated = sum(map(len, tokens))
+        row = {"round": rnd, "s": elapsed, "warmup_s": warmup_s, "tok_per_s": generated / elapsed,
+               "tok_per_s_after_warmup": generated / max(elapsed - warmup_s, 1e-9)}
+        result["rounds"].append(row)
+        result["tokens"] = tokens
+        print(f"graphs round {rnd}: {row}", flush=True)
+    result["resolved_config"] = {k: list(v) if isinstance(v, tuple) else v for k, v in resolved.items()}
+    result["padding_seen"] = {k: sorted(v) if isinstance(v, set) else v for k, v in seen.items()}
+    (out / "graphs.json").write_text(json.dumps(result) + "\n")
+    return 0
+
+
+def _graphs_row(out: Path, smoke: bool, reference: dict[str, list[list[int]]]) -> dict[str, Any]:
+    """Runs :func:`graphs_child`; on a failure runs it once more with CUDA_LAUNCH_BLOCKING=1, so
+    the error names the operation that failed (transformers runs each new graph's forward eagerly
+    before capturing it)."""
+    import tempfile
+
+    def attempt(env: dict[str, str], rounds: int) -> tuple[dict[str, Any] | None, str, int]:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, str(Path(__file__).resolve()), tmp, "--graphs-child", f"--rounds={rounds}"]
+            proc = subprocess.run(cmd + (["--smoke"] if smoke else []), capture_output=True, text=True, env=env,
+                                  timeout=900, cwd=REPO_ROOT)
+            path = Path(tmp) / "graphs.json"
+            data = json.loads(path.read_text()) if proc.returncode == 0 and path.exists() else None
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        return data, tail, proc.returncode
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    data, tail, rc = attempt(env, GRAPH_ROUNDS)
+    if data is None:
+        errors = [line for line in tail.splitlines() if "Error" in line]
+        last = errors[-1] if errors else tail.splitlines()[-1] if tail else "no output"
+        row: dict[str, Any] = {"error": f"exit status {rc}: {last}", "output_tail": tail}
+        _, blocking_tail, _ = attempt(dict(env, CUDA_LAUNCH_BLOCKING="1"), 1)
+        row["with_CUDA_LAUNCH_BLOCKING=1"] = blocking_tail
+        print(f"graphs row failed:\n{tail}\n--- with CUDA_LAUNCH_BLOCKING=1:\n{blocking_tail}", flush=True)
+        return row
+    measured = data["rounds"][1:] or data["rounds"]
+    row = {"rounds": data["rounds"], "resolved_config": data["resolved_config"], "padding_seen": data["padding_seen"],
+           "tok_per_s": statistics.median(r["tok_per_s"] for r in measured),
+           "tok_per_s_after_warmup": statistics.median(r["tok_per_s_after_warmup"] for r in measured)}
+    for label, tokens in reference.items():
+        row[f"agreement_with_{label}_graphs_off"] = _agreement(data["tokens"], tokens)
+    return row
+
+
+def main(argv: list[str]) -> int:
+    smoke = "--smoke" in argv
+    commit = next((a.split("=", 1)[1] for a in argv if a.startswith("--commit=")), None)  # a copied tree has no .git
+    args = [a for a in argv if not a.startswith("--")]
+    out = Path(args[0] if args else REPO_ROOT / "bench" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    if "--graphs-child" in argv:
+        rounds = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--rounds=")), GRAPH_ROUNDS)
+        return graphs_child(out, smoke, rounds)
+    sizes = SMOKE if smoke else FULL
+    deadline = time.monotonic() + sizes["budget_s"]
+    torch, transformers, device, dtype = _setup(smoke)
+    if device is None:
+        print("no CUDA GPU: run with --smoke on a CPU", file=sys.stderr)
+        return 2
+    from transformers.utils import import_utils
+
     import flash_attn
 
     from kernel_loader.attention.fallback import explain_chain
@@ -328,9 +517,9 @@ def main(argv: list[str]) -> int:
         (out / "generate_batch.md").write_text(_markdown(res))
 
     print(explain_chain("flash_attention_2"), flush=True)
-    ours = run_once = None
+    outputs: dict[str, list[list[int]]] = {}
     try:
-        gb, ours, run_once = generate_batch_rows(transformers, device, dtype, sizes, smoke, deadline)
+        gb, outputs = generate_batch_rows(transformers, device, dtype, sizes, smoke, deadline)
         res["generate_batch"] = gb
     except Exception as exc:
         res["generate_batch"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -340,14 +529,10 @@ def main(argv: list[str]) -> int:
     write()
     res["forward"] = forward_rows(transformers, device, dtype, sizes)
     write()
-    if run_once is not None and device == "cuda":
-        # Last, as a failed CUDA graph capture can leave the context unusable.
-        try:
-            elapsed, tokens = run_once(ours, None)
-            res["generate_batch"]["ours_default_config"] = {"s": elapsed,
-                                                            "tok_per_s": sum(map(len, tokens)) / elapsed}
-        except Exception as exc:
-            res["generate_batch"]["ours_default_config"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    if outputs and "error" not in res["generate_batch"]:
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the child process needs the memory
+        res["generate_batch"]["ours_default_config"] = _graphs_row(out, smoke, outputs)
         write()
     print(_markdown(res), flush=True)
     return 0

@@ -7,7 +7,8 @@
   fallback chain picks (Hub kernel ``kernels-community/flash-attn2``, else the shipped copy);
 - ``flash_attn.bert_padding`` -- ``pad_input``, ``unpad_input``, ``index_first_axis``, ...;
 - ``flash_attn_interface`` -- FlashAttention 3's API (:mod:`~kernel_loader.flash_attn_compat.fa3`),
-  on the kernel of the ``flash_attention_3`` chain;
+  on the kernel of the ``flash_attention_3`` chain, and ``flash_attn_3``, the package name
+  FlashAttention 3 installs beside it (transformers 4.57 looks for that name), offering the same;
 
 and, as a distribution finder, answers ``importlib.metadata`` for ``flash-attn`` (version
 :data:`FLASH_ATTN_VERSION`) and ``flash-attn-3`` (:data:`FLASH_ATTN_3_VERSION`): transformers
@@ -69,7 +70,11 @@ _MODULES: dict[str, tuple[str, bool]] = {
     "flash_attn.flash_attn_interface": ("kernel_loader.flash_attn_compat.fa2", False),
     "flash_attn.bert_padding": ("kernel_loader.flash_attn_compat.bert_padding", False),
     "flash_attn_interface": ("kernel_loader.flash_attn_compat.fa3", False),
+    "flash_attn_3": ("kernel_loader.flash_attn_compat.fa3", True),
 }
+# Top-level names one real package installs together: the stand-in serves all of them or none.
+_TOGETHER = {"flash_attn_interface": ("flash_attn_interface", "flash_attn_3"),
+             "flash_attn_3": ("flash_attn_interface", "flash_attn_3")}
 _lock = threading.Lock()
 
 
@@ -132,7 +137,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if parent:
             if not is_stand_in(sys.modules.get(parent)):
                 return None  # a submodule of a real flash_attn is that package's business
-        elif _spec_elsewhere(fullname) is not None:
+        elif any(_spec_elsewhere(name) is not None for name in _TOGETHER.get(fullname, (fullname,))):
             return None
         return importlib.machinery.ModuleSpec(fullname, self, origin="kernel_loader.flash_attn_compat", is_package=entry[1])
 
@@ -144,7 +149,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         for attr in source.__all__:
             setattr(module, attr, getattr(source, attr))
         module.__all__ = list(source.__all__)
-        if module.__name__ == "flash_attn_interface":
+        if module.__name__ in ("flash_attn_interface", "flash_attn_3"):
             module.__version__ = FLASH_ATTN_3_VERSION
         elif module.__name__ == "flash_attn":
             module.__version__ = FLASH_ATTN_VERSION
@@ -161,7 +166,8 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             loaded = sys.modules.get(dist.top_level)
             if loaded is not None and not is_stand_in(loaded):
                 continue
-            if loaded is None and _spec_elsewhere(dist.top_level) is not None:
+            if loaded is None and any(_spec_elsewhere(name) is not None
+                                      for name in _TOGETHER.get(dist.top_level, (dist.top_level,))):
                 continue
             yield _StandInDistribution(dist)
 

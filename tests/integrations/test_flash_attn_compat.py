@@ -28,7 +28,8 @@ from kernel_loader.errors import UnsupportedAttentionOptionError, UnusableKernel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOC = REPO_ROOT / "docs" / "transformers.md"
-STAND_IN_MODULES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding", "flash_attn_interface")
+STAND_IN_MODULES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding", "flash_attn_interface",
+                    "flash_attn_3")
 
 import transformers as _transformers  # noqa: E402
 
@@ -47,7 +48,7 @@ def doc_block(test_id: str) -> str:
 
 def drop_flash_attn_modules() -> None:
     for name in list(sys.modules):
-        if name == "flash_attn" or name.startswith("flash_attn.") or name == "flash_attn_interface":
+        if name == "flash_attn" or name.startswith("flash_attn.") or name in ("flash_attn_interface", "flash_attn_3"):
             del sys.modules[name]
 
 
@@ -107,7 +108,7 @@ def test_importing_the_stand_in_imports_neither_torch_nor_a_kernel():
         import sys
         import kernel_loader
         kernel_loader.install_flash_attn()
-        import flash_attn, flash_attn.flash_attn_interface, flash_attn.bert_padding, flash_attn_interface
+        import flash_attn, flash_attn.flash_attn_interface, flash_attn.bert_padding, flash_attn_interface, flash_attn_3
         from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
         from flash_attn.bert_padding import pad_input, unpad_input, index_first_axis
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton", "huggingface_hub"))
@@ -124,6 +125,7 @@ def test_every_module_name_imports_with_flash_attns_public_names(stand_in):
     import flash_attn
     import flash_attn.bert_padding
     import flash_attn.flash_attn_interface
+    import flash_attn_3
     import flash_attn_interface
 
     for name in STAND_IN_MODULES:
@@ -135,6 +137,9 @@ def test_every_module_name_imports_with_flash_attns_public_names(stand_in):
                "unpad_input_for_concatenated_sequences"):
         assert callable(getattr(flash_attn.bert_padding, fn))
     assert flash_attn_interface.__version__ == "3.0.0"
+    for fn in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):  # FA3's package name too
+        assert getattr(flash_attn_3, fn) is getattr(flash_attn_interface, fn)
+    assert flash_attn_3.__version__ == "3.0.0"
 
 
 def test_signatures_are_flash_attns_because_transformers_reads_them(stand_in):
@@ -173,9 +178,7 @@ def test_transformers_own_checks_accept_it(stand_in, cuda_answered_yes, monkeypa
     for check in checks:
         getattr(check, "cache_clear", lambda: None)()  # cached in 5.x, not in 4.57
     assert import_utils.is_flash_attn_2_available()
-    if not _TRANSFORMERS_4:
-        # 4.57 looks for a module named flash_attn_3 (the stand-in serves flash_attn_interface only)
-        assert import_utils.is_flash_attn_3_available()
+    assert import_utils.is_flash_attn_3_available()  # 4.57 looks for the module flash_attn_3, 5.x for flash_attn_interface
     assert import_utils.is_flash_attn_greater_or_equal("2.3.3")
     assert import_utils.is_flash_attn_greater_or_equal("2.8.3")
     assert not import_utils.is_flash_attn_greater_or_equal("2.9")
@@ -201,18 +204,23 @@ def test_transformers_import_time_distribution_map_is_refreshed(offline_shipped,
     assert "flash_attn" not in mapping and "flash_attn_interface" not in mapping
 
 
-def test_a_real_flash_attn_on_sys_path_wins(tmp_path, offline_shipped, monkeypatch):
+def _real_package_on_sys_path(tmp_path, monkeypatch, module_file: str, dist: str, version: str, top_level: str) -> None:
+    """A real (tiny) package: ``module_file`` (a path under site-packages) and its dist-info."""
     site = tmp_path / "site"
-    (site / "flash_attn").mkdir(parents=True)
-    (site / "flash_attn" / "__init__.py").write_text("__version__ = '2.7.4'\nREAL = True\n")
-    info = site / "flash_attn-2.7.4.dist-info"
+    (site / module_file).parent.mkdir(parents=True, exist_ok=True)
+    (site / module_file).write_text(f"__version__ = {version!r}\nREAL = True\n")
+    info = site / f"{dist}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.7.4\n")
-    (info / "top_level.txt").write_text("flash_attn\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text(top_level + "\n")
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
     drop_flash_attn_modules()
     kernel_loader.install_flash_attn()
+
+
+def test_a_real_flash_attn_on_sys_path_wins(tmp_path, offline_shipped, monkeypatch):
+    _real_package_on_sys_path(tmp_path, monkeypatch, "flash_attn/__init__.py", "flash_attn", "2.7.4", "flash_attn")
     try:
         import flash_attn
 
@@ -224,6 +232,26 @@ def test_a_real_flash_attn_on_sys_path_wins(tmp_path, offline_shipped, monkeypat
         assert "the real flash_attn package is installed" in flash_attn_compat.describe("flash_attention_2")
         # FA3 is not installed there, so its stand-in still serves
         assert metadata.version("flash_attn_3") == "3.0.0"
+    finally:
+        kernel_loader.uninstall_flash_attn()
+        drop_flash_attn_modules()
+
+
+def test_a_real_flash_attention_3_takes_both_of_its_names(tmp_path, offline_shipped, monkeypatch):
+    """FlashAttention 3 installs ``flash_attn_interface`` and the package ``flash_attn_3``: when
+    the real one provides either, the stand-in serves neither (no half-real, half-stand-in FA3)."""
+    _real_package_on_sys_path(tmp_path, monkeypatch, "flash_attn_interface.py", "flash_attn_3", "3.0.0b1",
+                              "flash_attn_interface")
+    try:
+        import flash_attn_interface
+
+        assert getattr(flash_attn_interface, "REAL", False)
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module("flash_attn_3")
+        assert metadata.version("flash_attn_3") == "3.0.0b1"
+        import flash_attn  # FA2 is not installed there: its stand-in still serves
+
+        assert flash_attn_compat.is_stand_in(flash_attn)
     finally:
         kernel_loader.uninstall_flash_attn()
         drop_flash_attn_modules()

@@ -2,9 +2,11 @@
 
 The steps, in flash-attn 2's order: rotate the new q/k (when rotary tables are given), write the
 new k/v into the cache in place at ``cache_seqlens[b]`` (through ``block_table`` when paged),
-then attend over ``cache_seqlens + S_new`` keys. The attention runs in the split-K Triton kernel
-of ``_triton_decode`` on CUDA (sm80+) and under ``TRITON_INTERPRET=1``; otherwise the cache is
-gathered into dense tensors and handed to the PyTorch path in ``_torch_impl``. Backend choice
+then attend over ``cache_seqlens + S_new`` keys. Padding rows (negative ``cache_seqlens``) and
+unallocated pages (negative ``block_table`` entries) are neither read nor written. The attention
+runs in the split-K Triton kernel of ``_triton_decode`` on CUDA (sm80+) and under
+``TRITON_INTERPRET=1``; otherwise the cache is gathered into dense tensors and handed to the
+PyTorch path in ``_torch_impl``. Backend choice
 and dtype limits are the package's (``_autograd.backend_for``, ``_validate``), so every entry
 point dispatches alike.
 """
@@ -137,16 +139,20 @@ def _check_ranges(
     device: torch.device,
 ) -> None:
     """Lengths and indices the kernel trusts. Checking a device tensor would cost a sync per decode
-    step, so only an int length and CPU tensors are checked here; device lengths past the
-    capacity are made safe instead (``_append`` drops the keys past it, the kernel reads no key
-    past it).
+    step, so only an int length and CPU tensors are checked here; device values are made safe
+    instead (see ``_append`` and ``_triton_append``: writes that would land outside the cache
+    are dropped; the kernel reads no key past the capacity).
+
+    A negative entry of a length tensor marks a padding row, and a negative block table entry a
+    page that is not allocated: both are allowed, but a row's keys must not reach such a page.
 
     Raises CacheBoundsError (a ValueError and RuntimeError) for lengths past the capacity, naming
-    ``block_table`` for a paged cache; ValueError for indices outside the cache."""
+    ``block_table`` for a paged cache, and for a negative int length; ValueError for indices
+    outside the cache and for a row whose keys reach an unallocated page."""
     if lens is None:
         longest, shortest = uniform_len, uniform_len
     elif device.type == "cpu" and lens.numel():
-        longest, shortest = int(lens.max()), int(lens.min())
+        longest, shortest = int(lens.max()), 0
     else:
         longest, shortest = 0, 0
     if shortest < 0 or longest + seqlen_new > capacity:
@@ -157,17 +163,38 @@ def _check_ranges(
             where = f"cache of {capacity} slots per row"
         raise CacheBoundsError(
             f"flash_attn_with_kvcache: cache_seqlens must lie in 0..{capacity - seqlen_new} "
-            f"({where}, {seqlen_new} new keys); got {shortest}..{longest}"
+            f"({where}, {seqlen_new} new keys; a negative entry of a tensor marks a padding row); "
+            f"got {min(shortest, longest)}..{longest}"
         )
     if device.type != "cpu":
         return
-    for name, index in (("block_table", block_table), ("cache_batch_idx", cache_batch_idx)):
-        if index is not None and index.numel() and not (0 <= int(index.min())
-                                                       and int(index.max()) < cache_rows):
-            raise ValueError(
-                f"flash_attn_with_kvcache: {name} entries must lie in 0..{cache_rows - 1} (the "
-                f"cache's first dimension); got {int(index.min())}..{int(index.max())}"
-            )
+    if cache_batch_idx is not None and cache_batch_idx.numel() and not (
+            0 <= int(cache_batch_idx.min()) and int(cache_batch_idx.max()) < cache_rows):
+        raise ValueError(
+            f"flash_attn_with_kvcache: cache_batch_idx entries must lie in 0..{cache_rows - 1} (the "
+            f"cache's first dimension); got {int(cache_batch_idx.min())}..{int(cache_batch_idx.max())}"
+        )
+    if block_table is None or not block_table.numel():
+        return
+    if int(block_table.max()) >= cache_rows:
+        raise ValueError(
+            f"flash_attn_with_kvcache: block_table entries must lie in 0..{cache_rows - 1} (the "
+            f"cache's first dimension; -1 marks a page that is not allocated); got up to "
+            f"{int(block_table.max())}"
+        )
+    page_size = capacity // max(block_table.shape[1], 1)
+    keys = (lens.long() if lens is not None
+            else torch.full((block_table.shape[0],), uniform_len, dtype=torch.long))
+    keys = torch.where(keys >= 0, keys + seqlen_new, 0)
+    reached = torch.arange(block_table.shape[1]).view(1, -1) * page_size < keys.view(-1, 1)
+    missing = (reached & (block_table < 0)).nonzero()
+    if missing.numel():
+        row, col = (int(x) for x in missing[0])
+        raise ValueError(
+            f"flash_attn_with_kvcache: block_table[{row}, {col}] is {int(block_table[row, col])} (no "
+            f"page), but row {row} holds {int(keys[row])} keys, which reach that column; give the row "
+            f"a page there, or mark the row as padding with a negative cache_seqlens"
+        )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -218,8 +245,8 @@ def _apply_rotary(
             f"with rotary_dim <= head_dim ({dim}); got {tuple(rotary_cos.shape)} and "
             f"{tuple(rotary_sin.shape)}"
         )
-    base = lens.long() if lens is not None else torch.full((batch,), uniform_len,
-                                                           device=device, dtype=torch.long)
+    base = lens.long().clamp(min=0) if lens is not None else torch.full(
+        (batch,), uniform_len, device=device, dtype=torch.long)  # padding rows (< 0) rotate at 0
     seqlen_new = k.shape[1]
     k_pos = base.view(-1, 1) + torch.arange(seqlen_new, device=device).view(1, -1)
     if windowed:
@@ -261,29 +288,36 @@ def _append(
     block_table: Optional[torch.Tensor],
     rows: torch.Tensor,
 ) -> None:
-    """Write new keys/values at positions ``start[b] + t`` of each row, in place, with no host sync.
+    """Write new keys/values at positions ``start[b] + t`` of each row, in place, with no host sync
+    (the PyTorch path; the Triton backends use ``_triton_append``, which drops the same writes).
 
-    Positions at or past ``capacity`` (possible only with device lengths, unchecked) are dropped:
-    each such write is aimed at the row's last slot and carries the value that slot gets anyway
-    (the new key written there, or what it already holds), so duplicate targets all agree and
-    nothing outside the cache or its block table is touched.
+    A new key is written when its row is not a padding row (``start[b] >= 0``), its position is
+    below ``capacity`` and the cache row it lands in (the block table's page, or ``rows[b]``) is one
+    of the cache's rows. Every other write is dropped without a data-dependent shape: it is aimed
+    at the slot of the first kept write and carries that write's value (at slot (0, 0) carrying
+    what it holds when nothing is kept), so all writes to one slot agree and nothing else changes.
     """
     batch, seqlen_new = k.shape[:2]
     page_size = k_cache.shape[1]
-    t = torch.arange(seqlen_new, device=k.device).view(1, -1)
-    positions = start.view(-1, 1) + t
-    inside = positions < capacity
-    last = capacity - 1
-    slots = positions.clamp(max=last)
-    dim0, dim1 = _cache_slots(slots, block_table, page_size, rows)
-    # the new key that lands on the last slot, if any (t_last in 0..seqlen_new-1)
-    t_last = (last - start).view(-1, 1)
-    lands = (t_last >= 0) & (t_last < seqlen_new)
-    source = torch.where(inside, t, t_last.clamp(0, max(seqlen_new - 1, 0)))
+    if capacity == 0 or k_cache.shape[0] == 0 or batch * seqlen_new == 0:
+        return
+    positions = start.view(-1, 1) + torch.arange(seqlen_new, device=k.device).view(1, -1)
+    keep = (start.view(-1, 1) >= 0) & (positions < capacity)
+    dim0, dim1 = _cache_slots(positions.clamp(0, capacity - 1), block_table, page_size, rows)
+    keep = keep & (dim0 >= 0) & (dim0 < k_cache.shape[0])
+    flat = keep.flatten()
+    first = flat.to(torch.int32).argmax()  # the first kept write (0 when none is)
+    any_kept = flat.any()
+    dim0 = torch.where(keep, dim0, torch.where(any_kept, dim0.flatten()[first], 0))
+    dim1 = torch.where(keep, dim1, torch.where(any_kept, dim1.flatten()[first], 0))
     for cache, new in ((k_cache, k), (v_cache, v)):
-        values = torch.gather(new, 1, source.view(batch, seqlen_new, 1, 1).expand_as(new))
-        keep_old = (~inside & ~lands).view(batch, seqlen_new, 1, 1)
-        cache[dim0, dim1] = torch.where(keep_old, cache[dim0, dim1], values)
+        sink = torch.where(any_kept, new.flatten(0, 1)[first], cache[0, 0])
+        cache[dim0, dim1] = torch.where(keep.view(batch, seqlen_new, 1, 1), new, sink)
+
+
+def _totals(lens: torch.Tensor, seqlen_new: int, capacity: int) -> torch.Tensor:
+    """Each row's key count after appending ``seqlen_new`` keys: 0 for a padding row (< 0)."""
+    return torch.where(lens >= 0, (lens + seqlen_new).clamp(max=capacity), 0).to(torch.int32)
 
 
 def _lengths(
@@ -347,12 +381,16 @@ def flash_attn_with_kvcache(
             ``k``/``v``. New keys are rotated at positions ``cache_seqlens[b] + t``; queries at
             ``cache_seqlens[b] + i`` when causal or windowed, else all at ``cache_seqlens[b]``.
         cache_seqlens: int or int32 ``[B]``: keys already in each row's cache (default: the
-            whole cache). Attention covers ``cache_seqlens + S_new`` keys.
+            whole cache). Attention covers ``cache_seqlens + S_new`` keys. A negative entry of
+            the tensor marks a padding row (transformers pads CUDA-graph batches with -1): nothing
+            is appended for it, it attends to no key (out 0, LSE +inf) and reads nothing.
         cache_batch_idx: optional int32 ``[B]``: which row of a contiguous cache each batch
             entry uses (default ``arange(B)``).
         cache_leftpad: optional int32 ``[B]``: first valid cache position of each row; keys
             before it are ignored and positions (causal, window, alibi) count from it.
-        block_table: optional int32 ``[B, max_blocks]``: the pages of each row, in order.
+        block_table: optional int32 ``[B, max_blocks]``: the pages of each row, in order. A
+            negative entry marks a page that is not allocated: nothing is read from or written
+            through it, and a row's keys must not reach it (refused on the host for a CPU table).
         softmax_scale: default ``1 / sqrt(D)``.
         causal: bottom-right aligned mask (query i sees keys up to ``i + L - Sq``).
         window_size: ``(left, right)`` local attention, -1 = unbounded.
@@ -366,12 +404,18 @@ def flash_attn_with_kvcache(
         ``out`` ``[B, Sq, Hq, D]`` in q's dtype, or ``(out, softmax_lse)``. A query row that sees
         no key gets out 0 and LSE +inf.
 
+    The call needs no host sync on the GPU and can be captured in a CUDA graph: whether each
+    new key is written is decided on the device (see ``_triton_append``), and no shape depends on
+    a tensor's values.
+
     Raises:
         ValueError: shapes, dtypes or devices that do not fit together, rotary tables without
-            new k/v, float32 on the GPU kernels (as flash-attn; cast to bf16/fp16).
+            new k/v, float32 on the GPU kernels (as flash-attn; cast to bf16/fp16); a CPU block
+            table whose entries reach past the cache or whose unallocated page (-1) a row's keys
+            reach.
         CacheBoundsError: (a ValueError and a RuntimeError) cache_seqlens (+ the new keys)
             past the cache's capacity, ``block_table.shape[1] * page_size`` when paged, where
-            that is known without a device sync: an int, or a tensor on the CPU. A device tensor
+            that is known without a device sync: an int, or a tensor on the CPU; a negative int. A device tensor
             is not read on the host (that would cost a sync per decode step); a row past the
             capacity then keeps only the new keys that fit and attends to its first
             ``capacity`` keys, and nothing outside the cache or block table is read or written.
@@ -403,17 +447,24 @@ def flash_attn_with_kvcache(
         q, k = _apply_rotary(q, k, rotary_cos, rotary_sin, lens, uniform_len,
                              causal or left >= 0 or right >= 0, rotary_interleaved)
 
-    rows = None  # cache row of each batch entry; only the append and the PyTorch path need it
-    if cache_batch_idx is not None:
-        rows = cache_batch_idx.long()
-    elif k is not None or backend == "torch":
-        rows = torch.arange(batch, device=device)
+    rows = None  # cache row of each batch entry; only the PyTorch append and path need it
+    if backend == "torch":
+        rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(batch, device=device)
+    total_lens = lens  # keys per row once the new ones are in (None: total_uniform for all)
     if k is not None and seqlen_new > 0:
-        start = lens.long() if lens is not None else torch.full((batch,), uniform_len,
-                                                                device=device, dtype=torch.long)
-        _append(k_cache, v_cache, k, v, start, capacity, block_table, rows)
-
-    total_lens = lens + seqlen_new if lens is not None and seqlen_new else lens
+        if backend != "torch":
+            from . import _triton_append  # Triton is imported on first use only
+        if backend != "torch" and _triton_append.supported(k_cache, v_cache, k, v):
+            total_lens = _triton_append.append_kv(k_cache, v_cache, k, v, lens, uniform_len, capacity,
+                                                  block_table, cache_batch_idx)
+        else:
+            if rows is None:
+                rows = (cache_batch_idx.long() if cache_batch_idx is not None
+                        else torch.arange(batch, device=device))
+            start = lens.long() if lens is not None else torch.full((batch,), uniform_len,
+                                                                    device=device, dtype=torch.long)
+            _append(k_cache, v_cache, k, v, start, capacity, block_table, rows)
+            total_lens = _totals(lens, seqlen_new, capacity) if lens is not None else None
     total_uniform = uniform_len + seqlen_new
     leftpad = cache_leftpad.to(torch.int32) if cache_leftpad is not None else None
     slopes = alibi_slopes.to(torch.float32) if alibi_slopes is not None else None
@@ -472,6 +523,7 @@ def _attention_gathered(
     # Slots past a row's length are masked by seqlens_k; clamping only keeps the gather in range.
     positions = positions.clamp(max=max(capacity - 1, 0))
     dim0, dim1 = _cache_slots(positions, block_table, page_size, rows)
+    dim0 = dim0.clamp(0, max(k_cache.shape[0] - 1, 0))  # unallocated pages (-1) are read as page 0, then masked
     # Slots past a row's end may hold anything (torch.empty caches hold NaN at times), and NaN
     # times a zero probability is still NaN: zero them before the matmuls.
     outside = (torch.arange(width, device=device).view(1, -1) >= valid.view(-1, 1))

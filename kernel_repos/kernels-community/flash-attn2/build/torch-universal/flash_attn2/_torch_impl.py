@@ -158,7 +158,8 @@ def varlen_attention_torch(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Packed-sequence attention: one :func:`attention_torch` call per sequence.
 
-    Returns out ``[total_q, Hq, D]`` and lse ``[Hq, total_q]`` float32.
+    Returns out ``[total_q, Hq, D]`` and lse ``[Hq, total_q]`` float32. Query tokens past
+    ``cu_seqlens_q[-1]`` (a batch padded to a fixed size) belong to no sequence: out 0, lse +inf.
     """
     cq = cu_seqlens_q.tolist()
     ck = cu_seqlens_k.tolist()
@@ -186,4 +187,8 @@ def varlen_attention_torch(
     hq = q.shape[1]
     if not outs:
         return q.new_zeros(q.shape), torch.zeros(hq, 0, device=q.device, dtype=torch.float32)
+    tail = q.shape[0] - cq[-1]
+    if tail > 0:
+        outs.append(q.new_zeros((tail,) + tuple(q.shape[1:])))
+        lses.append(torch.full((hq, tail), float("inf"), device=q.device, dtype=torch.float32))
     return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
