@@ -12,7 +12,8 @@ repo's own (``tests/kernel_repos/flash_ref.py``).
 Cases run in ``--workers`` processes that share one Triton cache (compiling is most of the time)
 and pull cases from one queue; a case that ends its process's CUDA context (a device fault) is
 recorded as that failure and a fresh process takes the cases after it. ``--only 18 --blocking``
-reruns one case with CUDA_LAUNCH_BLOCKING=1, so the error names the launch that faulted.
+(or ``--case '<json>' --blocking``) reruns one case with CUDA_LAUNCH_BLOCKING=1, so the error
+names the launch that faulted.
 Writes ``bench/results/flash_attn_tests.md`` and ``.json``::
 
     python bench/flash_attn_tests.py --workers 12
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import math
 import multiprocessing as mp
 import os
@@ -451,6 +453,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--limit", type=int, default=None, help="run only the first N cases (smoke test)")
     parser.add_argument("--only", default=None, help="comma-separated case indices to run (the indices of the JSON)")
+    parser.add_argument("--case", default=None,
+                        help="run one case given as JSON, its family under \"family\" (a case of an older "
+                             "sample, as a results JSON records it)")
     parser.add_argument("--blocking", action="store_true",
                         help="CUDA_LAUNCH_BLOCKING=1 in the workers: a CUDA error names the launch that made it")
     parser.add_argument("--deadline", type=float, default=None,
@@ -463,6 +468,12 @@ def main() -> None:
     if args.only:
         wanted = {int(x) for x in args.only.split(",")}
         jobs = [j for j in jobs if j[0] in wanted]
+    if args.case:
+        case = json.loads(args.case)
+        family = case.pop("family")
+        if "seqlens" in case:
+            case["seqlens"] = tuple(case["seqlens"])
+        jobs = [(0, family, case)]
     results = run_cases(jobs, args.workers, args.deadline)
     rows = []
     for family in FAMILIES:
