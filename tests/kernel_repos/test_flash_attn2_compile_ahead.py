@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -130,7 +132,14 @@ class _FakeJit:
         return lambda *args, **kwargs: self.compiled
 
 
-def test_the_pool_compiles_what_is_missing_on_its_threads(monkeypatch):
+@pytest.fixture
+def fake_driver(monkeypatch):
+    driver_module = sys.modules["triton.runtime.driver"]
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 1)
+    monkeypatch.setattr(driver_module, "driver", SimpleNamespace(active=active))
+
+
+def test_the_pool_compiles_what_is_missing_on_its_threads(fake_driver, monkeypatch):
     jit = _FakeJit()
     launcher = launch.Launcher(jit)
     x = torch.zeros(8)
@@ -140,11 +149,12 @@ def test_the_pool_compiles_what_is_missing_on_its_threads(monkeypatch):
     assert sorted(w[1:] for w in jit.warmups) == [(32, 16), (33, 64)]
     assert all(w[0].startswith("flash_attn2-compile") for w in jit.warmups)
     assert jit.compiled.loaded_on.startswith("flash_attn2-compile")  # the module loads there too
-    monkeypatch.setattr(launcher, "ready", lambda *a: True)  # compiled and cached: nothing to do
-    assert launch.compile_all([(launcher, (x, 32), (16,), 4, 2)]) == []
+    # compiled ahead: asking again compiles nothing; 48 is in 32's class, 1 is not
+    assert launch.compile_all([(launcher, (x, 48), (16,), 4, 2), (launcher, (x, 33), (64,), 4, 2)]) == []
+    launch.wait(launch.compile_all([(launcher, (x, 1), (16,), 4, 2)]))
+    assert len(jit.warmups) == 3
     monkeypatch.setattr(launch, "COMPILE_THREADS", 0)
-    monkeypatch.setattr(launcher, "ready", lambda *a: False)
-    assert launch.compile_all([(launcher, (x, 32), (16,), 4, 2)]) == []
+    assert launch.compile_all([(launcher, (x, 2), (16,), 4, 2)]) == []
 
 
 def test_a_compile_error_surfaces_where_the_launch_waits():

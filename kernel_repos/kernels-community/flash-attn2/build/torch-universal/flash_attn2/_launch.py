@@ -118,6 +118,7 @@ class Launcher:
         self._constexpr_names = tuple(names[i] for i in constexpr)
         self._unspecialised = _unspecialised_positions(fn)
         self._cache: Dict[tuple, tuple] = {}
+        self._warmed: set = set()  # keys compiled ahead by warmup (Triton holds the kernels)
         self._ptrs: Callable[[tuple], tuple] | None = None
         self._ints: Callable[[tuple], tuple] = _getter(())
         self._plain_ints: Callable[[tuple], tuple] = _getter(())
@@ -128,13 +129,23 @@ class Launcher:
         self._get_device: Callable[[], int] | None = None
         self._get_stream: Callable[[int], int] | None = None
 
+    def _learn(self, args: tuple) -> None:
+        """Bind the driver's device and stream queries, then learn the argument positions (in
+        that order, and ``_ptrs`` last: a compile thread may learn them while the caller's
+        thread checks ``_ptrs`` to take the fast path)."""
+        from triton.runtime.driver import driver
+
+        self._get_device = driver.active.get_current_device
+        self._get_stream = driver.active.get_current_stream
+        self._learn_positions(args)
+
     def _learn_positions(self, args: tuple) -> None:
         types = _slot_types(args)
         self._types = types
-        self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
         plain = self._unspecialised
         self._ints = _getter([i for i, t in enumerate(types) if t is int and i not in plain])
         self._plain_ints = _getter([i for i, t in enumerate(types) if t is int and i in plain])
+        self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
 
     def _key(self, device: int, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
         # Runs on every launch: plain list comprehensions (measured faster than map() over slot
@@ -186,11 +197,7 @@ class Launcher:
             self._fast = False
             return
         if self._ptrs is None:
-            self._learn_positions(args)
-            from triton.runtime.driver import driver
-
-            self._get_device = driver.active.get_current_device
-            self._get_stream = driver.active.get_current_stream
+            self._learn(args)
         elif self._check:
             self._check_types(args)
         self._cache[self._key(self._get_device(), args, constexprs, num_warps, num_stages)] = entry
@@ -211,11 +218,12 @@ class Launcher:
             )
 
     def ready(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> bool:
-        """Whether a launch with these arguments would find its compiled kernel in this
-        Launcher's cache (then compiling ahead has nothing to do)."""
-        if not self._fast or self._ptrs is None:
+        """Whether the kernel a launch with these arguments needs was launched or compiled ahead
+        by this Launcher already (then compiling ahead has nothing to do)."""
+        if self._get_device is None:
             return False
-        return self._key(self._get_device(), args, constexprs, num_warps, num_stages) in self._cache
+        key = self._key(self._get_device(), args, constexprs, num_warps, num_stages)
+        return key in self._cache or key in self._warmed
 
     def warmup(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> None:
         """Compile the kernel a launch with these arguments needs, and load it, without launching.
@@ -229,6 +237,9 @@ class Launcher:
         init = getattr(compiled, "_init_handles", None)
         if init is not None:  # load the module and build its launcher here, not at the first launch
             init()
+        if self._ptrs is None:
+            self._learn(args)
+        self._warmed.add(self._key(self._get_device(), args, constexprs, num_warps, num_stages))
 
     @property
     def cached(self) -> int:
