@@ -309,12 +309,14 @@ def test_the_decode_kernel_claims_aligned_strides_only_when_they_are(monkeypatch
         for r in rec:
             if r.name != "_split_kernel":
                 continue
-            aligned = r.constexprs[-1]
-            q, k, v = r.args[:3]
-            head_dim = r.args[31]  # the 3rd scalar after the strides: seqlen_q, num_kv_heads, head_dim
+            names = r.launcher._fn.arg_names
+            arg = lambda name: r.args[names.index(name)]  # noqa: E731
+            aligned = r.constexprs[r.launcher._constexpr_names.index("ALIGNED")]
+            q, k, v = arg("Q"), arg("K"), arg("V")
+            head_dim = arg("head_dim")
             unit = 16 if aligned else 1
             # what the kernel will multiply back: every row stride it was given, and head_dim
-            strides = [s * unit for s in r.args[10:19]]
+            strides = [arg(f"stride_{t}{a}") * unit for t in "qkv" for a in ("b", "s", "h")]
             real = [s for t in (q, k, v) for s in t.stride()[:3]]
             decisions.append(aligned)
             for given, true in zip(strides, real):
