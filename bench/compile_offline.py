@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
+import os
 import re
 import sys
 import time
@@ -258,7 +259,9 @@ def main() -> None:
                                  columns=columns, out_dir=args.out, commit=args.commit,
                                  notes=["Compiled with triton.compile for GPUTarget('cuda', 90, 64) without a GPU, each "
                                         "row into an empty Triton cache folder; stages summed over the kernels (the "
-                                        "rest of the wall time is Triton's cache key and bookkeeping)."])
+                                        "rest of the wall time is Triton's cache key and bookkeeping).",
+                                        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start "
+                                        "(other work on the machine slows the concurrent rows first)."])
     print(path.read_text())
 
 
