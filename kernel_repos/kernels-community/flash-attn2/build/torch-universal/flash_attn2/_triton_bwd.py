@@ -12,7 +12,7 @@ forward pass computed them, and dropout redraws the same mask from ``seed``.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import triton
@@ -401,7 +401,7 @@ def attention_backward(
     seed: int = 0,
     config: Optional[tuple] = None,
     compile_only: bool = False,
-):
+) -> Union[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], list]:
     """Gradients of q, k, v (same layouts as the inputs, contiguous) given dO.
 
     ``config`` ``((BLOCK_M, BLOCK_N, warps, stages, keys_as_rows), (BLOCK_M, BLOCK_N, warps,
