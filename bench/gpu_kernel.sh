@@ -19,6 +19,6 @@ want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
 want check && step 50 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want attention && step 130 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
-want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12
+want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
 want compile && step 90 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}"
 echo "=== done $(date -u +%T)"
