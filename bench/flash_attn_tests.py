@@ -28,6 +28,7 @@ import math
 import multiprocessing as mp
 import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -448,6 +449,16 @@ def run_cases(jobs: List[tuple], workers: int, deadline: float = None, load=None
                                          for i, f, c in jobs if i not in done], key=lambda r: r["index"])
 
 
+def _where(result: dict) -> str:
+    """' (raised at FILE:LINE in FUNCTION)' for the innermost frame of the kernel package in a
+    failure's traceback (with --blocking, the launch that faulted), else ''."""
+    frames = re.findall(r'File "([^"]*flash_attn2[^"]*)", line (\d+), in (\w+)', result.get("trace", ""))
+    if not frames:
+        return ""
+    path, line, fn = frames[-1]
+    return f" (raised at {Path(path).name}:{line} in {fn})"
+
+
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--workers", type=int, default=8)
@@ -489,7 +500,7 @@ def main() -> None:
              "test_flash_attn_kvcache_paged_block_table_bounds is adapted: flash-attention reads a GPU "
              "cache_seqlens on the host to raise; the shipped kernel raises for host-known lengths and "
              "clamps GPU ones (docs/performance.md)."]
-    notes += [f"FAILED {r['family']} {r['case']}: {r.get('error') or r.get('errors')}" for r in failures[:20]]
+    notes += [f"FAILED {r['family']} {r['case']}: {r.get('error') or r.get('errors')}{_where(r)}" for r in failures[:20]]
     path = harness.write_results("flash_attn_tests", rows, title="flash-attention's tests against the shipped kernel",
                                  columns=dict(test="test", cases="cases", passed="passed", failed="failed",
                                               skipped="skipped (as upstream)", not_run="not run (time limit or worker stopped)"),

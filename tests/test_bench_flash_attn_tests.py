@@ -38,3 +38,14 @@ def test_a_poisoned_or_dead_worker_does_not_hide_the_cases_after_it():
     assert "exit code 3" in results[4]["error"]
     # one process up to the CUDA error, a fresh one after it, another after the killed one
     assert results[0]["pid"] != results[2]["pid"] == results[3]["pid"] != results[5]["pid"]
+
+
+def test_a_failure_names_the_innermost_frame_of_the_kernel_package():
+    trace = ('Traceback (most recent call last):\n'
+             '  File "/r/bench/flash_attn_tests.py", line 300, in _worker\n'
+             '  File "/r/kernel_repos/x/flash_attn2/_autograd.py", line 220, in backward\n'
+             '  File "/r/kernel_repos/x/flash_attn2/_triton_bwd.py", line 491, in launch\n'
+             '  File "/r/site-packages/torch/cuda/__init__.py", line 9, in synchronize\n'
+             'RuntimeError: CUDA error: misaligned address\n')
+    assert flash_attn_tests._where(dict(trace=trace)) == " (raised at _triton_bwd.py:491 in launch)"
+    assert flash_attn_tests._where(dict(error="x")) == ""
