@@ -220,7 +220,7 @@ class Launcher:
     def ready(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> bool:
         """Whether the kernel a launch with these arguments needs was launched or compiled ahead
         by this Launcher already (then compiling ahead has nothing to do)."""
-        if self._get_device is None:
+        if self._ptrs is None:  # set last by _learn: once it is, the rest of the key's parts are
             return False
         key = self._key(self._get_device(), args, constexprs, num_warps, num_stages)
         return key in self._cache or key in self._warmed
@@ -228,9 +228,9 @@ class Launcher:
     def warmup(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> None:
         """Compile the kernel a launch with these arguments needs, and load it, without launching.
 
-        Pointers may be torch dtypes instead of tensors (Triton's stand-in for a 16-byte-aligned
-        tensor of that dtype): buffers a later launch allocates fresh need not exist yet.
-        Safe on a worker thread. Raises what Triton's compiler raises.
+        Pointers may be ``meta`` tensors (address 0, which Triton takes as 16-byte aligned, as a
+        fresh allocation is): buffers a later launch allocates need not exist yet. Safe on a
+        worker thread. Raises what Triton's compiler raises.
         """
         kwargs = dict(zip(self._constexpr_names, constexprs))
         compiled = self._fn.warmup(*args, grid=(1, 1, 1), num_warps=num_warps, num_stages=num_stages, **kwargs)
@@ -275,7 +275,6 @@ def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
     todo = [job for job in jobs if not job[0].ready(*job[1:])]
     if not todo:
         return []
-    import torch
 
     def one(job: Job) -> None:
         cuda = device is not None and torch.device(device).type == "cuda"
