@@ -1,6 +1,9 @@
-"""First call in a fresh process on a GPU, with an empty Triton cache and with a folder prepared
-by ``kernel-loader warmup``; also checks that a prepared folder is only read (no file added or
-changed: it can be shared read-only). Writes ``bench/results/compile_report.md`` and ``.json``::
+"""First call (forward + backward) in a fresh process on a GPU: with an empty Triton cache, as
+shipped (the backward's kernels compile on the compile threads while the forward compiles) and
+beside it compiling on the calling thread (``FLASH_ATTN2_COMPILE_THREADS=0``, the way Triton
+compiles by itself); then with a folder prepared by ``kernel-loader warmup``, made read-only,
+checking that the job only reads it (no file added or changed: it can be shared read-only).
+About 30-40 s of GPU time. Writes ``bench/results/compile_report.md`` and ``.json``::
 
     python bench/compile_report.py
 """
@@ -14,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import harness
 
@@ -38,12 +42,23 @@ print(json.dumps(dict(setup_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2, fi
 """
 
 
-def _probe(cache_dir: Path) -> dict:
+def _probe(cache_dir: Path, threads: Optional[int] = None) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=str(harness.REPO_ROOT))
+    env.pop("FLASH_ATTN2_COMPILE_THREADS", None)
+    if threads is not None:
+        env["FLASH_ATTN2_COMPILE_THREADS"] = str(threads)
     kernel = harness.REPO_ROOT / "kernel_repos" / "kernels-community" / "flash-attn2"
     out = subprocess.run([sys.executable, "-c", _PROBE, str(kernel), json.dumps(SHAPE)], env=env,
                          capture_output=True, text=True, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _read_only(folder: Path, on: bool) -> None:
+    """Take write permission off (or give it back to) ``folder`` and everything in it. A root
+    process ignores permissions, so the snapshot comparison is the check that counts."""
+    for p in [folder, *folder.rglob("*")]:
+        mode = p.stat().st_mode
+        p.chmod(mode & ~0o222 if on else mode | 0o200)
 
 
 def _snapshot(folder: Path) -> dict:
@@ -55,8 +70,9 @@ def main() -> None:
     args = harness.arguments(__doc__).parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cold, prepared = Path(tmp) / "cold", Path(tmp) / "prepared"
+        cold, serial, prepared = Path(tmp) / "cold", Path(tmp) / "serial", Path(tmp) / "prepared"
         rows.append(dict(case="empty cache", **_probe(cold)))
+        rows.append(dict(case="empty cache, compiling on the calling thread", **_probe(serial, threads=0)))
         env = dict(os.environ, PYTHONPATH=str(harness.REPO_ROOT))
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "kernel_loader.cli", "warmup", "--into", str(prepared),
@@ -65,7 +81,11 @@ def main() -> None:
                        env=env, check=True, timeout=300)
         warm_s = time.perf_counter() - start
         before = _snapshot(prepared)
-        row = dict(case="after kernel-loader warmup", **_probe(prepared))
+        _read_only(prepared, True)
+        try:
+            row = dict(case="after kernel-loader warmup (folder read-only)", **_probe(prepared))
+        finally:
+            _read_only(prepared, False)  # so the temporary folder can be removed
         after = _snapshot(prepared)
         row.update(warmup_s=warm_s, cache_files=len(before),
                    files_written=len(set(after) - set(before)) + sum(after[k] != before[k] for k in before if k in after))
@@ -76,7 +96,8 @@ def main() -> None:
                      first_call_s="first call s", setup_s="import + load s", warmup_s="warmup run s",
                      cache_files="files in folder", files_written="files written by the job"),
         out_dir=args.out, commit=args.commit,
-        notes=["Each row is a new process; 'first call' is the first forward + backward, synchronized. "
+        notes=["Each row is a new process; 'first call' is the first forward + backward, synchronized; "
+               "'compiling on the calling thread' is FLASH_ATTN2_COMPILE_THREADS=0 (no compile pool). "
                "'files written by the job' counts files the job added to or changed in the prepared "
                "folder (0: it only reads, so the folder can be shared read-only)."])
     print(path.read_text())

@@ -9,7 +9,11 @@ of the same reference computed in the input's own precision (2x for outputs, 3x 
 plus 1e-5), which is the error any correct low-precision kernel makes. The reference is the
 repo's own (``tests/kernel_repos/flash_ref.py``).
 
-Cases run in ``--workers`` processes that share one Triton cache (compiling is most of the time).
+Cases run in ``--workers`` processes that share one Triton cache (compiling is most of the time)
+and pull cases from one queue; a case that ends its process's CUDA context (a device fault) is
+recorded as that failure and a fresh process takes the cases after it. ``--only 18 --blocking``
+(or ``--case '<json>' --blocking``) reruns one case with CUDA_LAUNCH_BLOCKING=1, so the error
+names the launch that faulted.
 Writes ``bench/results/flash_attn_tests.md`` and ``.json``::
 
     python bench/flash_attn_tests.py --workers 12
@@ -19,9 +23,12 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import json
 import math
 import multiprocessing as mp
+import os
 import random
+import re
 import sys
 import time
 import traceback
@@ -341,60 +348,144 @@ def all_cases() -> List[tuple]:
     return out
 
 
-def _worker(jobs: list, queue) -> None:
-    fa = harness.shipped_kernel()
+# What a CUDA error that poisons the process's context looks like, from torch or from Triton.
+_POISONED = ("CUDA error", "Triton Error [CUDA]", "CUDA_ERROR")
+
+
+def _worker(wid: int, jobs, results, load=None, runners=None) -> None:
+    """Run cases from ``jobs`` until a None; a CUDA error ends this process (its context is
+    unusable), and the parent starts a fresh worker for the cases left. ``load`` / ``runners``
+    replace the shipped kernel / RUNNERS (tests of the harness itself)."""
+    fa = (load or harness.shipped_kernel)()
+    runners = runners or RUNNERS
     import torch
 
-    for index, family, case in jobs:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        index, family, case = job
+        results.put(("start", wid, index))
         start = time.perf_counter()
         try:
-            result = RUNNERS[family](fa, case)
-            torch.cuda.synchronize()  # inside: an asynchronous CUDA error belongs to this case
+            result = runners[family](fa, case)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # inside: an asynchronous CUDA error belongs to this case
         except Exception as e:  # a crash is a failure of that case, recorded with its message
             result = dict(passed=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
         result.update(index=index, family=family, case=case, seconds=round(time.perf_counter() - start, 2))
-        queue.put(result)
-        if "CUDA error" in result.get("error", ""):
-            return  # the CUDA context is unusable now; the parent counts this worker's rest as not run
+        results.put(("done", wid, result))
+        if any(p in result.get("error", "") for p in _POISONED):
+            return
+
+
+def run_cases(jobs: List[tuple], workers: int, deadline: float = None, load=None, runners=None) -> List[dict]:
+    """Run ``jobs`` ``(index, family, case)`` in ``workers`` processes pulling from one queue.
+
+    A worker stopped by a CUDA error (or killed) is replaced by a fresh process, so the cases
+    after it still run; the case it was running is recorded as that failure. Cases still
+    running or queued at ``deadline`` seconds are recorded as not run. ``load`` and ``runners``
+    go to the workers (picklable; defaults: the shipped kernel and RUNNERS).
+    """
+    import queue as queues
+
+    ctx = mp.get_context("spawn")
+    # results through a manager: its put returns once delivered, so what a worker reported
+    # survives the worker being killed a moment later (a plain Queue's feeder thread would not)
+    manager = ctx.Manager()
+    todo, results = ctx.Queue(), manager.Queue()
+    for job in jobs:
+        todo.put(job)
+    procs: Dict[int, Any] = {}
+    running: Dict[int, int] = {}  # worker id -> index of the case it runs
+    poisoned: set = set()  # workers that stopped at a CUDA error
+    ids = itertools.count()
+
+    def spawn() -> None:
+        wid = next(ids)
+        todo.put(None)  # this worker's stop mark, behind every case still queued
+        procs[wid] = ctx.Process(target=_worker, args=(wid, todo, results, load, runners))
+        procs[wid].start()
+
+    for _ in range(min(workers, len(jobs))):
+        spawn()
+    stop = time.monotonic() + deadline if deadline else None
+    done: Dict[int, dict] = {}
+    while len(done) < len(jobs):
+        if stop is not None and time.monotonic() > stop:
+            break
+        try:
+            kind, wid, payload = results.get(timeout=1.0)
+            if kind == "start":
+                running[wid] = payload
+            else:
+                done[payload["index"]] = payload
+                running.pop(wid, None)
+                if any(p in payload.get("error", "") for p in _POISONED):
+                    poisoned.add(wid)
+            continue
+        except queues.Empty:
+            pass
+        for wid, p in list(procs.items()):
+            if p.is_alive():
+                continue
+            p.join()
+            del procs[wid]
+            index = running.pop(wid, None)
+            if index is not None and index not in done:  # it died inside a case without reporting it
+                family, case = next((f, c) for i, f, c in jobs if i == index)
+                done[index] = dict(index=index, family=family, case=case, passed=False,
+                                   error=f"worker process ended (exit code {p.exitcode}) inside this case")
+            if (wid in poisoned or p.exitcode != 0) and len(done) + len(running) < len(jobs):
+                spawn()  # the cases still queued need a worker with a fresh CUDA context
+        if not procs:
+            break
+    for p in procs.values():
+        p.terminate()
+        p.join()
+    manager.shutdown()
+    stopped = "not run: --deadline" if stop is not None and time.monotonic() > stop else "not run: no worker left"
+    return sorted(list(done.values()) + [dict(index=i, family=f, case=c, passed=None, skipped=stopped)
+                                         for i, f, c in jobs if i not in done], key=lambda r: r["index"])
+
+
+def _where(result: dict) -> str:
+    """' (raised at FILE:LINE in FUNCTION)' for the innermost frame of the kernel package in a
+    failure's traceback (with --blocking, the launch that faulted), else ''."""
+    frames = re.findall(r'File "([^"]*flash_attn2[^"]*)", line (\d+), in (\w+)', result.get("trace", ""))
+    if not frames:
+        return ""
+    path, line, fn = frames[-1]
+    return f" (raised at {Path(path).name}:{line} in {fn})"
 
 
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--limit", type=int, default=None, help="run only the first N cases (smoke test)")
+    parser.add_argument("--only", default=None, help="comma-separated case indices to run (the indices of the JSON)")
+    parser.add_argument("--case", default=None,
+                        help="run one case given as JSON, its family under \"family\" (a case of an older "
+                             "sample, as a results JSON records it)")
+    parser.add_argument("--blocking", action="store_true",
+                        help="CUDA_LAUNCH_BLOCKING=1 in the workers: a CUDA error names the launch that made it")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds after which cases still running are stopped and counted as not run")
     args = parser.parse_args()
+    if args.blocking:
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"  # inherited by the spawned workers
     cases = all_cases()[: args.limit]
     jobs = [(i, f, c) for i, (f, c) in enumerate(cases)]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(jobs[w::args.workers], queue)) for w in range(args.workers)]
-    for p in procs:
-        p.start()
-    import queue as queues
-
-    stop = time.monotonic() + args.deadline if args.deadline else None
-    results = []
-    while len(results) < len(jobs):
-        try:
-            results.append(queue.get(timeout=1.0))
-        except queues.Empty:  # stop at the deadline, or when every worker has ended (a CUDA error)
-            if (stop is not None and time.monotonic() > stop) or not any(p.is_alive() for p in procs):
-                while len(results) < len(jobs):  # what the last workers sent as they ended
-                    try:
-                        results.append(queue.get(timeout=0.5))
-                    except queues.Empty:
-                        break
-                break
-    for p in procs:
-        if stop is not None:
-            p.terminate()
-        p.join()
-    done = {r["index"] for r in results}
-    results += [dict(index=i, family=f, case=c, passed=None, skipped="not run: --deadline or its worker stopped")
-                for i, f, c in jobs if i not in done]
-    results.sort(key=lambda r: r["index"])
+    if args.only:
+        wanted = {int(x) for x in args.only.split(",")}
+        jobs = [j for j in jobs if j[0] in wanted]
+    if args.case:
+        case = json.loads(args.case)
+        family = case.pop("family")
+        if "seqlens" in case:
+            case["seqlens"] = tuple(case["seqlens"])
+        jobs = [(0, family, case)]
+    results = run_cases(jobs, args.workers, args.deadline)
     rows = []
     for family in FAMILIES:
         mine = [r for r in results if r["family"] == family]
@@ -409,7 +500,7 @@ def main() -> None:
              "test_flash_attn_kvcache_paged_block_table_bounds is adapted: flash-attention reads a GPU "
              "cache_seqlens on the host to raise; the shipped kernel raises for host-known lengths and "
              "clamps GPU ones (docs/performance.md)."]
-    notes += [f"FAILED {r['family']} {r['case']}: {r.get('error') or r.get('errors')}" for r in failures[:20]]
+    notes += [f"FAILED {r['family']} {r['case']}: {r.get('error') or r.get('errors')}{_where(r)}" for r in failures[:20]]
     path = harness.write_results("flash_attn_tests", rows, title="flash-attention's tests against the shipped kernel",
                                  columns=dict(test="test", cases="cases", passed="passed", failed="failed",
                                               skipped="skipped (as upstream)", not_run="not run (time limit or worker stopped)"),

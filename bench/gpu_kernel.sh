@@ -15,19 +15,10 @@ want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit" "$@" || echo "=== FAILED ($?): $*"; }
 # Compile every kernel the attention table needs in parallel first (both packages): the timing
 # scripts then load them from the cache instead of compiling one at a time.
-want warm && step 80 python3 - "$BASE" <<'PY'
-import sys
-from kernel_loader import warmup as w
-shapes = [s for d, hq, hk, seq in ((128, 16, 16, 1024), (128, 16, 16, 4096), (128, 16, 16, 16384),
-          (256, 16, 16, 4096), (64, 32, 8, 2048), (64, 16, 16, 4096))
-          for s in w.plan([d], ["bfloat16"], [seq], [(hq, hk)], causal=(False, True))]
-for load in [w.shipped_flash_attn2] + ([w.LocalKernel(sys.argv[1])] if sys.argv[1] else []):
-    bad = [r for r in w.warmup(load, w.Path(__import__("os").environ["TRITON_CACHE_DIR"]), shapes, workers=12) if r["error"]]
-    print(load, len(shapes), "shapes,", len(bad), "failed", bad[:3])
-PY
+want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
 want check && step 50 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want attention && step 130 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
-want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12
+want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
 want compile && step 90 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}"
 echo "=== done $(date -u +%T)"

@@ -84,3 +84,28 @@ def test_narrow_heads_through_the_paged_kv_cache(d):
         vals = torch.cat([v_cache[p] for p in block_table[b].tolist()])[:n]
         want, _ = reference(q[b:b + 1].double(), rows[None].double(), vals[None].double())
         assert rel_err(out[b:b + 1], want) < 3e-3
+
+
+@pytest.mark.parametrize("cap", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0)], ids=str)
+def test_every_head_dim_launches_on_every_path_of_every_gpu_family(cap, monkeypatch):
+    """The entry points themselves (not only the tables) for head dims 1..256 on each GPU family:
+    dense causal and not, GQA, varlen, the backward, decode and the kv cache build their launches
+    without a missing config (the launches are recorded, not run: no GPU here)."""
+    from launch_record import recording
+
+    autograd = importlib.import_module(fa.__name__ + "._autograd")
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    with recording(fa, monkeypatch, cap) as rec:
+        for d in HEAD_DIMS:
+            mk = lambda *s: torch.empty(*s, d, dtype=torch.float16, requires_grad=True)  # noqa: E731
+            for causal in (False, True):
+                fa.flash_attn_func(mk(1, 20, 4), mk(1, 20, 2), mk(1, 20, 2), causal=causal).sum().backward()
+            fa.flash_attn_varlen_func(mk(12, 2), mk(12, 2), mk(12, 2), cu, cu, 7, 7, causal=True).sum().backward()
+            with torch.no_grad():
+                fa.flash_attn_func(mk(2, 1, 4), mk(2, 30, 2), mk(2, 30, 2))
+                fa.flash_attn_with_kvcache(mk(2, 1, 4).detach(), mk(2, 32, 2).detach(), mk(2, 32, 2).detach(),
+                                           cache_seqlens=torch.tensor([9, 30], dtype=torch.int32))
+            rec_names = {r.name for r in rec}
+            assert {"_fwd_kernel", "_delta_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_split_kernel"} <= rec_names, d
+            rec.clear()
+    assert autograd.backend_for(torch.empty(1)) == "interpreter"

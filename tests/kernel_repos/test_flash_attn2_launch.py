@@ -220,3 +220,108 @@ def test_each_device_gets_its_own_cached_kernel(monkeypatch):
     current["device"] = 1
     launcher((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
     assert jit.slow_calls == 2 and launcher.cached == 2
+
+
+# --- Alignment decisions on real launches -------------------------------------------------
+# A cached launch reuses a kernel compiled for other arguments; it is right only when Triton
+# would have specialised both calls alike (16-byte-aligned pointers, multiples of 16, 1s), else a
+# kernel compiled with vector loads could meet a pointer they do not fit ("misaligned address").
+# The interpreter does not fault, so the decision itself is checked: the launches of packed
+# views (kv / qkv packed: k and v start H*D elements in), odd head dims and storage offsets,
+# recorded through the public functions, keyed as the Launcher keys them, must never put two
+# launches Triton tells apart under one key. The decode kernel's own ALIGNED flag (strides
+# passed divided by 16) must only be set when every stride it divides is a multiple of 16.
+
+import itertools as _it  # noqa: E402
+
+from launch_record import launcher_key, recording, triton_specialisation  # noqa: E402
+
+
+def _packed(shape, offset):
+    """An fp16 tensor of ``shape`` in a buffer starting ``offset`` elements in."""
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.empty(offset + n, dtype=torch.float16).narrow(0, offset, n).view(shape)
+
+
+def _cu(lengths):
+    return torch.tensor([0] + list(_it.accumulate(lengths)), dtype=torch.int32)
+
+
+def _calls(d, offset):
+    """The public calls a training step and a decode step make on packed views of head dim d."""
+    lens = [7, 12]
+    grad = lambda shape: _packed(shape, offset).requires_grad_()  # noqa: E731
+    yield "qkvpacked", lambda: fa.flash_attn_qkvpacked_func(grad((2, 19, 3, 3, d)), causal=True)
+    yield "kvpacked-gqa", lambda: fa.flash_attn_kvpacked_func(grad((2, 19, 4, d)), grad((2, 23, 2, 2, d)),
+                                                              softcap=5.0, window_size=(4, 3))
+    yield "varlen-qkvpacked", lambda: fa.flash_attn_varlen_qkvpacked_func(grad((sum(lens), 3, 3, d)), _cu(lens), 12,
+                                                                          causal=True)
+    yield "varlen-kvpacked", lambda: fa.flash_attn_varlen_kvpacked_func(
+        grad((sum(lens), 4, d)), grad((sum(lens), 2, 4, d)), _cu(lens), _cu(lens), 12, 12, causal=True,
+        dropout_p=0.2, alibi_slopes=torch.rand(2, 4))
+    k_dec, v_dec = _packed((2, 40, 2, 2, d), offset).unbind(2)
+    yield "decode-kvpacked", lambda: fa.flash_attn_func(_packed((2, 1, 4, d), offset), k_dec, v_dec, causal=True)
+    # v alone with heads d + 8 elements apart: only its head stride is not a multiple of 16
+    v_odd = _packed((2, 40, 2 * d + 16), offset).as_strided((2, 40, 2, d), (40 * (2 * d + 16), 2 * d + 16, d + 8, 1))
+    yield "decode-v-strided", lambda: fa.flash_attn_func(_packed((2, 3, 4, d), offset), _packed((2, 40, 2, d), 0), v_odd)
+
+
+def _run(call):
+    out = call()
+    if out.requires_grad:
+        out.backward(torch.ones_like(out))
+
+
+HEAD_DIMS_AND_OFFSETS = [(d, off) for d in (5, 59, 64, 80, 111) for off in (0, 8, 3)]
+
+
+def test_no_launcher_key_covers_two_of_tritons_specialisations(monkeypatch):
+    launches = []
+    with recording(fa, monkeypatch) as rec:
+        for d, offset in HEAD_DIMS_AND_OFFSETS:
+            for _name, call in _calls(d, offset):
+                _run(call)
+        launches = [r for r in rec if r.grid is not None]
+    by_key: dict = {}
+    for r in launches:
+        by_key.setdefault(launcher_key(r), []).append(r)
+    shared = 0
+    for key, group in by_key.items():
+        specs = {triton_specialisation(r) for r in group}
+        assert len(specs) == 1, (key, specs)
+        shared += len({tuple(a.data_ptr() for a in r.args if isinstance(a, torch.Tensor)) for r in group}) > 1
+    # the walk is not vacuous: views 8 elements in (16 bytes) share their kernel with views at 0,
+    # views 3 elements in (6 bytes) do not
+    assert shared > 0
+    names = {r.name for r in launches}
+    assert {"_fwd_kernel", "_delta_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_split_kernel"} <= names
+
+
+def test_the_decode_kernel_claims_aligned_strides_only_when_they_are(monkeypatch):
+    decisions = []
+    with recording(fa, monkeypatch) as rec:
+        for d, offset in HEAD_DIMS_AND_OFFSETS:
+            for name, call in _calls(d, offset):
+                if name.startswith("decode"):
+                    _run(call)
+        for r in rec:
+            if r.name != "_split_kernel":
+                continue
+            names = r.launcher._fn.arg_names
+            arg = lambda name: r.args[names.index(name)]  # noqa: E731
+            aligned = r.constexprs[r.launcher._constexpr_names.index("ALIGNED")]
+            q, k, v = arg("Q"), arg("K"), arg("V")
+            head_dim = arg("head_dim")
+            unit = 16 if aligned else 1
+            # what the kernel will multiply back: every row stride it was given, and head_dim
+            strides = [arg(f"stride_{t}{a}") * unit for t in "qkv" for a in ("b", "s", "h")]
+            real = [s for t in (q, k, v) for s in t.stride()[:3]]
+            decisions.append(aligned)
+            for given, true in zip(strides, real):
+                assert given in (0, true), (given, true)  # 0: a stride of a length-1 axis, never used
+            if aligned:
+                assert all(s % 16 == 0 for s in strides) and (head_dim * 16) % 16 == 0
+                assert head_dim * 16 == q.shape[-1]
+    assert True in decisions and False in decisions

@@ -176,9 +176,35 @@ def decode_heads_first(
     )[0]
 
 
+# Feature classes of forward calls whose backward kernels were already set compiling in this
+# process (one tuple lookup per training forward; see _backward_ahead).
+_BACKWARD_AHEAD: set = set()
+
+
+def _backward_ahead(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts) -> list:
+    """The first forward (on a GPU) of each feature class starts compiling its backward kernels
+    on the compile threads, so they compile while the forward compiles and runs (a cold first
+    training step pays for the slower of the two, not their sum). Returns the Futures to wait
+    for before the backward launches (usually none)."""
+    cls = (q.device, q.dtype, q.shape[-1], k.shape[-2] != q.shape[-2], cu_seqlens_q is not None,
+           seqused_k is not None, alibi_slopes is not None, opts["causal"], tuple(opts["window_size"]),
+           opts["softcap"] > 0, opts["dropout_p"] > 0)
+    if cls in _BACKWARD_AHEAD:
+        return []
+    _BACKWARD_AHEAD.add(cls)
+    from ._triton_bwd import prepare_backward
+
+    # the forward copies these first; the copies' layout is what the backward sees
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return prepare_backward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                            seqused_k=seqused_k, alibi_slopes=alibi_slopes, **opts)
+
+
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts):
+        ctx.compiling = (_backward_ahead(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts)
+                         if q.is_cuda else [])
         q, k, v, out, lse = _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
         ctx.opts = opts
@@ -187,8 +213,13 @@ class _TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        from ._launch import wait
         from ._triton_bwd import attention_backward
 
+        try:
+            wait(ctx.compiling)  # the kernels compiled ahead
+        except Exception:  # compiled from a guess of dO's layout: the launches below compile
+            pass  # what they need themselves, and raise there if the error is real
         q, k, v, out, lse, alibi_slopes, cu_q, cu_k, seqused_k = ctx.saved_tensors
         dq, dk, dv = attention_backward(
             dout, q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused_k,

@@ -18,18 +18,29 @@ each position always of one kind (pointer: a tensor or None; int; float); then e
 ``tl.constexpr`` parameter. A None pointer is part of the key (Triton compiles it as a constant).
 Under ``TRITON_INTERPRET=1``, with launch hooks installed (profilers), or on a Triton whose
 compiled kernels lack the expected attributes, every call takes Triton's own path.
+
+Compiling: a cold kernel compiles on its first launch (seconds). :func:`compile_all` compiles
+several specialisations at once on a small thread pool (Triton's compiler releases the GIL for
+most of its work: MLIR passes, LLVM, ptxas), so the backward's three kernels cost the slowest of
+them rather than their sum, and can compile while the forward runs.
+``FLASH_ATTN2_COMPILE_THREADS=0`` (set before the import) compiles on the calling thread instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
 import os
-from typing import Any, Callable, Dict, Sequence, Tuple
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 
 _I32_MIN, _I32_MAX, _U64_MIN = -(2**31), 2**31 - 1, 2**63
+# Threads that compile kernels ahead of their launch (read once at import: see the docstring).
+COMPILE_THREADS = int(os.environ.get("FLASH_ATTN2_COMPILE_THREADS", "4"))
 
 
 def int_spec(i: int) -> int:
@@ -107,6 +118,7 @@ class Launcher:
         self._constexpr_names = tuple(names[i] for i in constexpr)
         self._unspecialised = _unspecialised_positions(fn)
         self._cache: Dict[tuple, tuple] = {}
+        self._warmed: set = set()  # keys compiled ahead by warmup (Triton holds the kernels)
         self._ptrs: Callable[[tuple], tuple] | None = None
         self._ints: Callable[[tuple], tuple] = _getter(())
         self._plain_ints: Callable[[tuple], tuple] = _getter(())
@@ -117,13 +129,23 @@ class Launcher:
         self._get_device: Callable[[], int] | None = None
         self._get_stream: Callable[[int], int] | None = None
 
+    def _learn(self, args: tuple) -> None:
+        """Bind the driver's device and stream queries, then learn the argument positions (in
+        that order, and ``_ptrs`` last: a compile thread may learn them while the caller's
+        thread checks ``_ptrs`` to take the fast path)."""
+        from triton.runtime.driver import driver
+
+        self._get_device = driver.active.get_current_device
+        self._get_stream = driver.active.get_current_stream
+        self._learn_positions(args)
+
     def _learn_positions(self, args: tuple) -> None:
         types = _slot_types(args)
         self._types = types
-        self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
         plain = self._unspecialised
         self._ints = _getter([i for i, t in enumerate(types) if t is int and i not in plain])
         self._plain_ints = _getter([i for i, t in enumerate(types) if t is int and i in plain])
+        self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
 
     def _key(self, device: int, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
         # Runs on every launch: plain list comprehensions (measured faster than map() over slot
@@ -175,11 +197,7 @@ class Launcher:
             self._fast = False
             return
         if self._ptrs is None:
-            self._learn_positions(args)
-            from triton.runtime.driver import driver
-
-            self._get_device = driver.active.get_current_device
-            self._get_stream = driver.active.get_current_stream
+            self._learn(args)
         elif self._check:
             self._check_types(args)
         self._cache[self._key(self._get_device(), args, constexprs, num_warps, num_stages)] = entry
@@ -199,7 +217,75 @@ class Launcher:
                 f"{self._key(self._get_device(), args, constexprs, num_warps, num_stages)}"
             )
 
+    def ready(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> bool:
+        """Whether the kernel a launch with these arguments needs was launched or compiled ahead
+        by this Launcher already (then compiling ahead has nothing to do)."""
+        if self._ptrs is None:  # set last by _learn: once it is, the rest of the key's parts are
+            return False
+        key = self._key(self._get_device(), args, constexprs, num_warps, num_stages)
+        return key in self._cache or key in self._warmed
+
+    def warmup(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> None:
+        """Compile the kernel a launch with these arguments needs, and load it, without launching.
+
+        Pointers may be ``meta`` tensors (address 0, which Triton takes as 16-byte aligned, as a
+        fresh allocation is): buffers a later launch allocates need not exist yet. Safe on a
+        worker thread. Raises what Triton's compiler raises.
+        """
+        kwargs = dict(zip(self._constexpr_names, constexprs))
+        compiled = self._fn.warmup(*args, grid=(1, 1, 1), num_warps=num_warps, num_stages=num_stages, **kwargs)
+        init = getattr(compiled, "_init_handles", None)
+        if init is not None:  # load the module and build its launcher here, not at the first launch
+            init()
+        if self._ptrs is None:
+            self._learn(args)
+        self._warmed.add(self._key(self._get_device(), args, constexprs, num_warps, num_stages))
+
     @property
     def cached(self) -> int:
         """How many compiled specialisations the fast path holds (tests and benchmarks)."""
         return len(self._cache)
+
+
+_POOL: Optional[ThreadPoolExecutor] = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="flash_attn2-compile")
+        return _POOL
+
+
+Job = Tuple[Launcher, tuple, tuple, int, int]  # (launcher, args, constexprs, num_warps, num_stages)
+
+
+def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
+    """Start compiling the kernels of ``jobs`` that are not compiled yet, each on a thread of the
+    pool; returns their Futures (empty when there is nothing to compile or threads are off:
+    ``COMPILE_THREADS`` 0). Wait with :func:`wait`.
+
+    ``device``: the CUDA device the kernels are for (a worker thread does not inherit the
+    caller's current device).
+    """
+    if COMPILE_THREADS <= 0:
+        return []
+    todo = [job for job in jobs if not job[0].ready(*job[1:])]
+    if not todo:
+        return []
+
+    def one(job: Job) -> None:
+        cuda = device is not None and torch.device(device).type == "cuda"
+        with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+            job[0].warmup(*job[1:])
+
+    pool = _pool()
+    return [pool.submit(one, job) for job in todo]
+
+
+def wait(futures: Iterable[Future]) -> None:
+    """Block until every compile in ``futures`` is done; raises the first compile error."""
+    for f in futures:
+        f.result()

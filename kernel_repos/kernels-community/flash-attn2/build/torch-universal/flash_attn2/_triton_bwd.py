@@ -12,13 +12,13 @@ forward pass computed them, and dropout redraws the same mask from ``seed``.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import triton
 import triton.language as tl
 
-from . import _configs
+from . import _configs, _launch
 from ._launch import Launcher
 from ._triton_fwd import LOG2E, device_capability, next_pow2_dim
 from ._triton_tile import (
@@ -400,11 +400,17 @@ def attention_backward(
     dropout_p: float = 0.0,
     seed: int = 0,
     config: Optional[tuple] = None,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    compile_only: bool = False,
+) -> Union[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], list]:
     """Gradients of q, k, v (same layouts as the inputs, contiguous) given dO.
 
     ``config`` ``((BLOCK_M, BLOCK_N, warps, stages, keys_as_rows), (BLOCK_M, BLOCK_N, warps,
     stages))`` for the dK/dV and dQ kernels overrides the shipped table (benchmarks).
+
+    On a GPU the kernels not compiled yet compile concurrently (``_launch.compile_all``) before
+    the launches. ``compile_only=True`` launches nothing: it starts compiling the kernels such a
+    call needs and returns their Futures (``do``, ``out``, ``lse`` may then be ``meta`` tensors
+    shaped like the real ones; see :func:`prepare_backward`).
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
@@ -421,14 +427,17 @@ def attention_backward(
         l3 = (lse.stride(0), lse.stride(1), lse.stride(2))
     if do.stride(-1) != 1:
         do = do.contiguous()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if batch == 0 or q.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    if k.shape[0 if varlen else 1] == 0:
-        return dq.zero_(), dk, dv
-    delta = torch.empty_like(lse)
+    # compile_only: the gradients' buffers are stand-ins (a meta tensor has the strides of a
+    # fresh one, and Triton takes its address 0 as 16-byte aligned, as a fresh allocation is)
+    where = "meta" if compile_only else q.device
+    dq = torch.empty(q.shape, dtype=q.dtype, device=where)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=where)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=where)
+    if batch == 0 or q.numel() == 0 or k.shape[0 if varlen else 1] == 0:
+        if compile_only:
+            return []
+        return (dq.zero_(), dk.zero_(), dv.zero_()) if batch == 0 or q.numel() == 0 else (dq.zero_(), dk, dv)
+    delta = torch.empty_like(lse, device=where)
     left, right = int(window_size[0]), int(window_size[1])
     softcap = float(softcap)
     if causal:
@@ -451,11 +460,9 @@ def attention_backward(
 
     pre_m = 64 if cap is not None else 16
     so, sdo = _strides3(out, varlen), _strides3(do, varlen)
-    _DELTA(
-        ((sq_max + pre_m - 1) // pre_m, batch * hq, 1),
-        (out, do, delta, cuq, *so, *sdo, *l3, sq_max, hq, head_dim),
-        (varlen, pre_m, block_d), 4, 3,  # Triton's defaults, as before the Launcher
-    )
+    delta_launch = (_DELTA, ((sq_max + pre_m - 1) // pre_m, batch * hq, 1),
+                    (out, do, delta, cuq, *so, *sdo, *l3, sq_max, hq, head_dim),
+                    (varlen, pre_m, block_d), 4, 3)  # Triton's defaults, as before the Launcher
     sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
                  *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
@@ -465,17 +472,50 @@ def attention_backward(
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
 
-    def launch(cfg):
+    def launches(cfg) -> list:
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
-        _DKDV(((sk_max + bn_ - 1) // bn_, batch * hk, 1), dkdv_args,
-              flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass")), w_, s_)
-        _DQ(((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
-            flags + (right >= 0, bm2, bn2, block_d), w2, s2)
+        return [
+            delta_launch,
+            (_DKDV, ((sk_max + bn_ - 1) // bn_, batch * hk, 1), dkdv_args,
+             flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass")), w_, s_),
+            (_DQ, ((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
+             flags + (right >= 0, bm2, bn2, block_d), w2, s2),
+        ]
+
+    def launch(cfg):
+        plan = launches(cfg)
+        if cap is not None:
+            _launch.wait(_launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device))
+        for kernel, grid, args, constexprs, warps, stages in plan:
+            kernel(grid, args, constexprs, warps, stages)
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
+    if compile_only:
+        cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
+        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in launches(cfg)], q.device)
     launch(_configs.choose("bwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c))))
     return dq, dk, dv
+
+
+def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     cu_seqlens_q: Optional[torch.Tensor] = None, **options) -> list:
+    """Start compiling, on the compile threads, the backward kernels that a backward of this
+    forward call will need; returns their Futures (see ``_launch.compile_all``).
+
+    Called by the forward before it runs, so the two compile at the same time. The gradient of
+    the output is assumed laid out like the output (contiguous, a fresh allocation), as autograd
+    hands it over in the usual case; if it is not, the backward compiles what it misses itself.
+    ``options`` are :func:`attention_backward`'s keywords. Raises what the launch arguments'
+    construction raises (never a compile error: those surface in the Futures).
+    """
+    varlen = cu_seqlens_q is not None
+    out = torch.empty(q.shape, dtype=q.dtype, device="meta")
+    if varlen:
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device="meta")
+    else:
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device="meta")
+    return attention_backward(out, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, compile_only=True, **options)
 
 
 _DELTA = Launcher(_delta_kernel)

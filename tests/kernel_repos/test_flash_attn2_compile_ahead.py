@@ -1,0 +1,167 @@
+"""Compiling ahead: the backward kernels a training forward sets compiling on the compile threads
+must be exactly the ones its backward launches (else the first backward still compiles), and
+the pool compiles only what is missing.
+
+No GPU here: launches are recorded (launch_record.py) and compared through Triton's own
+specialiser, which decides what a compiled kernel may be reused for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from flash_ref import load_flash_attn2
+from launch_record import recording, triton_specialisation
+
+fa = load_flash_attn2()
+autograd = importlib.import_module(fa.__name__ + "._autograd")
+fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+bwd = importlib.import_module(fa.__name__ + "._triton_bwd")
+launch = importlib.import_module(fa.__name__ + "._launch")
+
+
+def _cu(lengths):
+    return torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+
+
+def _case(name):
+    """(q, k, v, keyword arguments of the forward) for a named case; bf16 CPU tensors (only
+    their layout matters: nothing runs)."""
+    bf = dict(dtype=torch.bfloat16)
+    if name == "dense-causal-d128":
+        q, k, v = (torch.empty(2, 256, 4, 128, **bf) for _ in range(3))
+        return q, k, v, dict(causal=True)
+    if name == "gqa-window-softcap-d64":
+        return (torch.empty(1, 200, 8, 64, **bf), torch.empty(1, 333, 2, 64, **bf), torch.empty(1, 333, 2, 64, **bf),
+                dict(window_size=(32, 7), softcap=30.0))
+    if name == "varlen-kvpacked-d80-everything":
+        lq, lk = [512, 404, 437, 333], [256, 157, 205, 140]
+        k, v = torch.empty(sum(lk), 2, 6, 80, **bf).unbind(1)
+        return (torch.empty(sum(lq), 6, 80, **bf), k, v,
+                dict(cu_seqlens_q=_cu(lq), cu_seqlens_k=_cu(lk), max_seqlen_q=512, max_seqlen_k=256, causal=True,
+                     softcap=50.0, dropout_p=0.17, alibi_slopes=torch.rand(4, 6)))
+    if name == "qkvpacked-d59-strided":
+        # views whose k and v start 354 bytes in (not 16-byte aligned) and q with a head_dim stride
+        _, k, v = torch.empty(2, 97, 3, 3, 59, **bf).unbind(2)
+        return torch.empty(2, 97, 3, 118, **bf)[..., ::2], k, v, dict(causal=True)
+    raise KeyError(name)
+
+
+CASES = ["dense-causal-d128", "gqa-window-softcap-d64", "varlen-kvpacked-d80-everything", "qkvpacked-d59-strided"]
+
+
+def _opts(q, kw):
+    """The option dict the autograd function carries (as ``_autograd.attention`` builds it)."""
+    return dict(max_seqlen_q=kw.get("max_seqlen_q"), max_seqlen_k=kw.get("max_seqlen_k"),
+                softmax_scale=q.shape[-1] ** -0.5, causal=kw.get("causal", False),
+                window_size=kw.get("window_size", (-1, -1)), softcap=kw.get("softcap", 0.0),
+                dropout_p=kw.get("dropout_p", 0.0), seed=11)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0)], ids=["sm90", "sm80"])
+def test_the_backward_compiled_ahead_is_the_backward_launched(name, capability, monkeypatch):
+    q, k, v, kw = _case(name)
+    opts = _opts(q, kw)
+    tensors = dict(alibi_slopes=kw.get("alibi_slopes"), cu_seqlens_q=kw.get("cu_seqlens_q"),
+                   cu_seqlens_k=kw.get("cu_seqlens_k"))
+    monkeypatch.setattr(autograd, "_BACKWARD_AHEAD", set())
+    with recording(fa, monkeypatch, capability) as ahead:
+        autograd._backward_ahead(q, k, v, tensors["alibi_slopes"], tensors["cu_seqlens_q"], tensors["cu_seqlens_k"],
+                                 None, opts)
+    with recording(fa, monkeypatch, capability) as real:
+        qc, kc, vc = (t.contiguous() if t.stride(-1) != 1 else t for t in (q, k, v))
+        out, lse = fwd.attention_forward(qc, kc, vc, **tensors, **opts)
+        real.clear()
+        bwd.attention_backward(torch.empty_like(out), qc, kc, vc, out, lse, **tensors, **opts)
+    real = [r for r in real if r.grid is not None]  # the backward's own compile request, then its launches
+    assert [r.name for r in ahead] == [r.name for r in real] == ["_delta_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    for a, r in zip(ahead, real):
+        assert triton_specialisation(a) == triton_specialisation(r), r.name
+        # stronger than the specialisation: the same integers, and tensors of one layout
+        assert [_layout(x) for x in a.args] == [_layout(x) for x in r.args], r.name
+
+
+def _layout(x):
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, tuple(x.shape), x.stride(), x.data_ptr() % 16 == 0)
+    return x
+
+
+def test_each_feature_class_is_compiled_ahead_once(monkeypatch):
+    q, k, v, kw = _case("dense-causal-d128")
+    monkeypatch.setattr(autograd, "_BACKWARD_AHEAD", set())
+    with recording(fa, monkeypatch) as ahead:
+        autograd._backward_ahead(q, k, v, None, None, None, None, _opts(q, kw))
+        autograd._backward_ahead(q, k, v, None, None, None, None, _opts(q, kw))
+        assert len(ahead) == 3
+        autograd._backward_ahead(q, k, v, None, None, None, None, _opts(q, dict(kw, causal=False)))
+    assert len(ahead) == 6
+
+
+class _Compiled:
+    def __init__(self):
+        self.loaded_on = None
+
+    def _init_handles(self):
+        self.loaded_on = threading.current_thread().name
+
+
+class _FakeJit:
+    """Plays a Triton kernel for the pool: warmup compiles (records the thread), [grid] launches."""
+
+    arg_names = ["X", "n", "BLOCK"]
+    constexprs = [2]
+
+    def __init__(self):
+        self.warmups = []
+        self.compiled = _Compiled()
+
+    def warmup(self, *args, grid, **kwargs):
+        self.warmups.append((threading.current_thread().name, args[1], kwargs["BLOCK"]))
+        return self.compiled
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.compiled
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    driver_module = sys.modules["triton.runtime.driver"]
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 1)
+    monkeypatch.setattr(driver_module, "driver", SimpleNamespace(active=active))
+
+
+def test_the_pool_compiles_what_is_missing_on_its_threads(fake_driver, monkeypatch):
+    jit = _FakeJit()
+    launcher = launch.Launcher(jit)
+    x = torch.zeros(8)
+    futures = launch.compile_all([(launcher, (x, 32), (16,), 4, 2), (launcher, (x, 33), (64,), 4, 2)])
+    launch.wait(futures)
+    assert len(futures) == 2
+    assert sorted(w[1:] for w in jit.warmups) == [(32, 16), (33, 64)]
+    assert all(w[0].startswith("flash_attn2-compile") for w in jit.warmups)
+    assert jit.compiled.loaded_on.startswith("flash_attn2-compile")  # the module loads there too
+    # compiled ahead: asking again compiles nothing; 48 is in 32's class, 1 is not
+    assert launch.compile_all([(launcher, (x, 48), (16,), 4, 2), (launcher, (x, 33), (64,), 4, 2)]) == []
+    launch.wait(launch.compile_all([(launcher, (x, 1), (16,), 4, 2)]))
+    assert len(jit.warmups) == 3
+    monkeypatch.setattr(launch, "COMPILE_THREADS", 0)
+    assert launch.compile_all([(launcher, (x, 2), (16,), 4, 2)]) == []
+
+
+def test_a_compile_error_surfaces_where_the_launch_waits():
+    class Broken(_FakeJit):
+        def warmup(self, *args, grid, **kwargs):
+            raise RuntimeError("out of shared memory")
+
+    futures = launch.compile_all([(launch.Launcher(Broken()), (torch.zeros(4), 16), (16,), 4, 2)])
+    with pytest.raises(RuntimeError, match="out of shared memory"):
+        launch.wait(futures)

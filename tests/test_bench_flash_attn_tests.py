@@ -1,0 +1,51 @@
+"""bench/flash_attn_tests.py's runner: a case that ends its worker's CUDA context (or kills the
+worker) is recorded as that case's failure, and the cases queued after it still run, in a fresh
+process. Played on the CPU with stand-in cases (the real ones need a GPU)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))  # bench/ is not a package; spawned workers inherit this path
+
+import flash_attn_tests  # noqa: E402
+
+
+def no_kernel():
+    return None
+
+
+def stand_in(fa, case: dict) -> dict:
+    """Passes, or fails the way a device fault does ("cuda"), or kills its process ("die")."""
+    if case.get("crash") == "cuda":
+        raise RuntimeError("CUDA error: misaligned address")
+    if case.get("crash") == "die":
+        os._exit(3)
+    return dict(passed=True, pid=os.getpid())
+
+
+def test_a_poisoned_or_dead_worker_does_not_hide_the_cases_after_it():
+    cases = [{}, {"crash": "cuda"}, {}, {}, {"crash": "die"}, {}]
+    jobs = [(i, "stand_in", c) for i, c in enumerate(cases)]
+    results = flash_attn_tests.run_cases(jobs, workers=1, deadline=240, load=no_kernel,
+                                         runners={"stand_in": stand_in})
+    assert [r["index"] for r in results] == list(range(6))
+    assert [r["passed"] for r in results] == [True, False, True, True, False, True]
+    assert "misaligned address" in results[1]["error"]
+    assert "exit code 3" in results[4]["error"]
+    # one process up to the CUDA error, a fresh one after it, another after the killed one
+    assert results[0]["pid"] != results[2]["pid"] == results[3]["pid"] != results[5]["pid"]
+
+
+def test_a_failure_names_the_innermost_frame_of_the_kernel_package():
+    trace = ('Traceback (most recent call last):\n'
+             '  File "/r/bench/flash_attn_tests.py", line 300, in _worker\n'
+             '  File "/r/kernel_repos/x/flash_attn2/_autograd.py", line 220, in backward\n'
+             '  File "/r/kernel_repos/x/flash_attn2/_triton_bwd.py", line 491, in launch\n'
+             '  File "/r/site-packages/torch/cuda/__init__.py", line 9, in synchronize\n'
+             'RuntimeError: CUDA error: misaligned address\n')
+    assert flash_attn_tests._where(dict(trace=trace)) == " (raised at _triton_bwd.py:491 in launch)"
+    assert flash_attn_tests._where(dict(error="x")) == ""
