@@ -450,7 +450,9 @@ def _graphs_row(out: Path, smoke: bool, reference: dict[str, list[list[int]]]) -
                                   timeout=900, cwd=REPO_ROOT)
             path = Path(tmp) / "graphs.json"
             data = json.loads(path.read_text()) if proc.returncode == 0 and path.exists() else None
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
+        # an abort's C++ backtrace ("frame #N: ...") would push the message out of the tail
+        lines = [line for line in (proc.stdout + proc.stderr).strip().splitlines() if not line.startswith("frame #")]
+        tail = "\n".join(lines[-40:])
         return data, tail, proc.returncode
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
