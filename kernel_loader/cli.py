@@ -556,20 +556,17 @@ def _remote_repo(repo_id: str):
 
 
 def _hub_metadata(repo_id: str, repo_type: str, sha: str, names: list[str]) -> dict[str, dict | None]:
-    """Each variant's metadata.json, fetched into a throwaway folder: info writes nothing into the cache."""
-    import tempfile
-
+    """Each variant's metadata.json, read straight from the Hub: info writes nothing into the cache."""
     from kernel_loader.sources import hub
 
-    with tempfile.TemporaryDirectory(prefix="kernel-loader-info-") as tmp:
-        settings = hub.HubSettings.from_env()
-        build: dict[str, dict | None] = {}
-        for n in names:
-            try:
-                build[n] = hub.read_metadata(repo_id, repo_type, sha, n, Path(tmp), settings)
-            except errors.KernelMetadataError:  # as for a local folder: info describes, it never fails on it
-                build[n] = None
-        return build
+    settings = hub.HubSettings.from_env()
+    build: dict[str, dict | None] = {}
+    for n in names:
+        try:
+            build[n] = hub.fetch_metadata(repo_id, repo_type, sha, n, settings)
+        except errors.KernelMetadataError:  # as for a local folder: info describes, it never fails on it
+            build[n] = None
+    return build
 
 
 def _info_cached(ref, args: argparse.Namespace) -> dict:

@@ -12,7 +12,6 @@ variant is checked against its completion record (or its lock). Nothing here imp
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -389,13 +388,15 @@ def _resolve_remote(req: Request, machine: Machine, remote: hub.RemoteRepo, sett
     if req.ref.revision is None and req.version is None and req.lock is None:
         res.notes.append(f"no version asked: used {ref_name}, the highest vN branch (else main)")
     meta_cache: dict[str, dict | None] = {}
-    # An explanation (download=False) leaves the cache as it was: metadata goes to a scratch folder.
-    scratch = None if req.download else tempfile.TemporaryDirectory(prefix="kernel-loader-meta-")
-    meta_dir = cache_dir if scratch is None else Path(scratch.name)
 
     def read_meta(variant: str) -> dict | None:
+        # A load keeps metadata.json in the cache (its files are fetched next); an explanation
+        # (download=False) leaves the cache as it was and reads it straight from the Hub.
         if variant not in meta_cache:
-            meta_cache[variant] = hub.read_metadata(repo_id, remote.repo_type, sha, variant, meta_dir, settings)
+            meta_cache[variant] = (
+                hub.read_metadata(repo_id, remote.repo_type, sha, variant, cache_dir, settings) if req.download
+                else hub.fetch_metadata(repo_id, remote.repo_type, sha, variant, settings)
+            )
         return meta_cache[variant]
 
     listing_only = req.all_variants and not req.download  # locking: every variant, nothing fetched

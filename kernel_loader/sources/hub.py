@@ -1,4 +1,8 @@
-"""Talking to the Hub (or a mirror) through huggingface_hub's public API.
+"""Talking to the Hub (or a mirror) through huggingface_hub.
+
+Refs, file listings and the metadata.json that explanations read are plain GETs through
+huggingface_hub's shared HTTP client, headers and error mapping; files that land in the cache
+come through ``hf_hub_download``.
 
 Every call gets a :class:`HubSettings` (endpoint, token, timeouts, retries) from the request,
 because huggingface_hub reads ``HF_ENDPOINT`` only once, at import. Repo type ``kernel`` is tried
@@ -157,13 +161,83 @@ def _requests_with_timeouts(session: Any, settings: HubSettings) -> Any:
     return session
 
 
-def _api(settings: HubSettings) -> Any:
-    from huggingface_hub import HfApi
+# The Hub is asked through huggingface_hub's shared client (``get_session``), headers
+# (``build_hf_headers``: token, user agent) and error mapping (``hf_raise_for_status``), not
+# through ``HfApi``: importing ``huggingface_hub.hf_api`` costs about 0.1 s, a fifth of a warm
+# ``kernel-loader explain``, for three plain GETs whose JSON is read here.
+
+
+class _NotAListing(Exception):
+    """The Hub answered 200 with JSON that is not what the endpoint documents."""
+
+
+def _http(settings: HubSettings) -> tuple[Any, dict[str, str]]:
+    """huggingface_hub's shared HTTP client (with our timeouts) and the headers for ``settings``."""
+    from huggingface_hub.utils import build_hf_headers, get_session
 
     from kernel_loader import __version__
 
     _install_timeouts(settings)
-    return HfApi(endpoint=settings.endpoint, token=settings.token, library_name="kernel_loader", library_version=__version__)
+    headers = build_hf_headers(token=settings.token, library_name="kernel_loader", library_version=__version__)
+    return get_session(), headers
+
+
+def _get_json(settings: HubSettings, url: str, params: dict | None = None) -> tuple[Any, Any]:
+    """GET ``url``: (its JSON, the response); an error status raises huggingface_hub's typed error."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    session, headers = _http(settings)
+    response = session.get(url, headers=headers, params=params)
+    hf_raise_for_status(response)
+    try:
+        return response.json(), response
+    except ValueError:
+        raise _NotAListing(f"{len(response.content)} bytes that are not JSON") from None
+
+
+def _get_pages(settings: HubSettings, url: str, params: dict) -> list:
+    """Every item of a paginated listing (the Hub links the next page in the ``Link`` header)."""
+    items: list = []
+    next_url: str | None = url
+    while next_url:
+        page, response = _get_json(settings, next_url, params)
+        if not isinstance(page, list):
+            raise _NotAListing("a page that is not a list of entries")
+        items.extend(page)
+        next_url, params = response.links.get("next", {}).get("url"), None  # the link carries the query
+    return items
+
+
+def _get_capped(settings: HubSettings, url: str, limit: int) -> bytes:
+    """The body of ``url``, at most ``limit + 1`` bytes read (a larger file is refused by the caller)."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    session, headers = _http(settings)
+    if callable(getattr(session, "stream", None)):  # httpx (huggingface_hub 1.x / 2.x); requests has a flag
+        opened, chunks = session.stream("GET", url, headers=headers), lambda r: r.iter_bytes()
+    else:  # requests (huggingface_hub 0.x)
+        opened, chunks = session.get(url, headers=headers, stream=True), lambda r: r.iter_content(chunk_size=65536)
+    body = bytearray()
+    with opened as response:
+        hf_raise_for_status(response)
+        for chunk in chunks(response):
+            body += chunk
+            if len(body) > limit:
+                break
+    return bytes(body[: limit + 1])
+
+
+def _api_url(settings: HubSettings, repo_type: str, repo_id: str, *tail: str) -> str:
+    return f"{settings.endpoint.rstrip('/')}/api/{repo_type}s/{repo_id}/" + "/".join(tail)
+
+
+def _file_url(settings: HubSettings, repo_type: str, repo_id: str, sha: str, path: str) -> str:
+    from urllib.parse import quote
+
+    from huggingface_hub import constants as hf_constants
+
+    prefix = getattr(hf_constants, "REPO_TYPES_URL_PREFIXES", {}).get(repo_type, "")
+    return f"{settings.endpoint.rstrip('/')}/{prefix}{repo_id}/resolve/{quote(sha, safe='')}/{quote(path)}"
 
 
 # -- error mapping (the one place) ------------------------------------------------------------
@@ -248,6 +322,8 @@ def _classify(exc: BaseException, settings: HubSettings, what: str) -> BaseExcep
     unsafe = _unsafe_names(exc, settings, what)
     if unsafe is not None:
         return unsafe
+    if isinstance(exc, _NotAListing):
+        return HubUnreachable(f"{settings.endpoint} answered {what} with {exc}, not what the Hub API returns")
     if _in_chain(exc, _is_transport):
         return HubUnreachable(f"{settings.endpoint} did not answer {what} ({type(exc).__name__}: {exc})")
     if _is_missing(exc):
@@ -301,27 +377,31 @@ def _repo_types() -> tuple[str, ...]:
     return tuple(t for t in REPO_TYPES if t in accepted)
 
 
+def _refs(settings: HubSettings, repo_type: str, repo_id: str) -> tuple[dict[str, str], dict[str, str]]:
+    data, _ = _get_json(settings, _api_url(settings, repo_type, repo_id, "refs"))
+    try:
+        return tuple(  # type: ignore[return-value]
+            {str(r["name"]): str(r["targetCommit"]) for r in data[kind]} for kind in ("branches", "tags")
+        )
+    except (KeyError, TypeError):
+        raise _NotAListing("refs that lack the lists of branches and tags with their commits") from None
+
+
 def remote_repo(repo_id: str, settings: HubSettings) -> RemoteRepo:
     """The repo's type and refs.
 
     Raises:
-        HubUnreachable: the Hub cannot be reached (or offline mode).
+        HubUnreachable: the Hub cannot be reached (or offline mode), or answers with no refs listing.
         HubRepoMissing: no repo of type ``kernel`` or ``model`` with this id.
     """
-    api = _api(settings)
     tried = []
     for repo_type in _repo_types():
         try:
-            refs = call(settings, f"the refs of {repo_id}", lambda: api.list_repo_refs(repo_id, repo_type=repo_type))
+            branches, tags = call(settings, f"the refs of {repo_id}", lambda: _refs(settings, repo_type, repo_id))
         except HubRepoMissing:
             tried.append(repo_type)
             continue
-        return RemoteRepo(
-            repo_id,
-            repo_type,
-            {b.name: b.target_commit for b in refs.branches},
-            {t.name: t.target_commit for t in refs.tags},
-        )
+        return RemoteRepo(repo_id, repo_type, branches, tags)
     raise HubRepoMissing(f"{repo_id} not found on {settings.endpoint} (repo types tried: {', '.join(tried)})")
 
 
@@ -334,43 +414,68 @@ def commit_exists(repo_id: str, repo_type: str, sha: str, settings: HubSettings)
     what = f"commit {sha} of {repo_id}"
     try:
         # no retries: olah answers 500 for an unknown sha, the Hub 404
-        info = call(settings._replace(retries=0), what, lambda: _api(settings).repo_info(repo_id, repo_type=repo_type, revision=sha))
+        info, _ = call(settings._replace(retries=0), what,
+                       lambda: _get_json(settings, _api_url(settings, repo_type, repo_id, "revision", sha)))
     except HubRepoMissing:
         return False
     except HubUnreachable as exc:
         if _is_server_error(exc.__cause__) if exc.__cause__ else False:
             return False
         raise
-    return getattr(info, "sha", None) == sha
+    return isinstance(info, dict) and info.get("sha") == sha
+
+
+# A commit's tree never changes, so one listing per (endpoint, repo, sha) serves every caller in
+# the process: the resolver, then `info`'s metadata reads and `lock`'s digests, with one GET.
+_listings: dict[tuple[str, str, str, str], list[RemoteFile]] = {}
+_LISTINGS_KEPT = 64
+
+
+def _remote_file(item: Any) -> RemoteFile | None:
+    """One tree entry as a :class:`RemoteFile`; None for folders and Python caches."""
+    if not isinstance(item, dict):
+        raise _NotAListing("a tree entry that is not an object")
+    if item.get("type") != "file":
+        return None
+    try:
+        path, size, blob_id, lfs = str(item["path"]), item["size"], str(item["oid"]), item.get("lfs")
+        if lfs is not None:
+            size, lfs_sha = lfs["size"], str(lfs["oid"])
+        else:
+            lfs_sha = None
+        size = int(size)
+    except (KeyError, TypeError, ValueError):
+        raise _NotAListing("a file entry without a usable path, size and object id") from None
+    if "/__pycache__/" in path or path.endswith((".pyc", ".pyo")):
+        return None
+    return RemoteFile(path, size, lfs_sha, blob_id)
 
 
 def list_files(repo_id: str, repo_type: str, sha: str, settings: HubSettings) -> list[RemoteFile]:
     """Every file under ``build/`` at ``sha`` with the sizes and digests the Hub lists (nothing downloaded).
 
     Raises:
-        HubUnreachable: the Hub cannot be reached.
+        HubUnreachable: the Hub cannot be reached, or answers with something that is not a file listing.
     """
-    from huggingface_hub.hf_api import RepoFile
+    from urllib.parse import quote
+
+    key = (settings.endpoint, repo_type, repo_id, sha)
+    if key in _listings:
+        return list(_listings[key])
+    url = _api_url(settings, repo_type, repo_id, "tree", quote(sha, safe=""), "build")
+
+    def listing() -> list[RemoteFile]:
+        items = _get_pages(settings, url, {"recursive": "true", "expand": "false"})
+        return sorted(f for f in map(_remote_file, items) if f is not None)
 
     try:
-        items = call(
-            settings,
-            f"the file list of {repo_id}@{sha[:12]}",
-            lambda: list(_api(settings).list_repo_tree(repo_id, path_in_repo="build", repo_type=repo_type, revision=sha, recursive=True)),
-        )
+        files = call(settings, f"the file list of {repo_id}@{sha[:12]}", listing)
     except HubRepoMissing:
         return []
-    files = []
-    for item in items:
-        if not isinstance(item, RepoFile):
-            continue
-        if "/__pycache__/" in item.path or item.path.endswith((".pyc", ".pyo")):
-            continue
-        lfs = getattr(item, "lfs", None)
-        lfs_sha = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
-        size = getattr(lfs, "size", None) or (lfs.get("size") if isinstance(lfs, dict) else None) or item.size
-        files.append(RemoteFile(item.path, int(size), lfs_sha, item.blob_id))
-    return sorted(files)
+    if len(_listings) >= _LISTINGS_KEPT:
+        _listings.pop(next(iter(_listings)))
+    _listings[key] = files
+    return list(files)
 
 
 def variants_of(files: list[RemoteFile]) -> list[str]:
@@ -452,9 +557,28 @@ def read_metadata(repo_id: str, repo_type: str, sha: str, variant: str, cache_di
     except OSError as exc:
         if not (is_read_only(exc) or is_disk_full(exc)):
             raise
-        # A read-only (shared) or full cache: fetch this small file into a throwaway folder instead.
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="kernel-loader-meta-") as tmp:
-            return read_metadata(repo_id, repo_type, sha, variant, Path(tmp), settings)
+        # A read-only (shared) or full cache: read this small file without storing it.
+        return fetch_metadata(repo_id, repo_type, sha, variant, settings)
     return metadata.variant_metadata(path.parent)
+
+
+def fetch_metadata(repo_id: str, repo_type: str, sha: str, variant: str, settings: HubSettings) -> dict | None:
+    """Parse ``build/<variant>/metadata.json`` of ``sha`` read straight from the Hub; nothing is written.
+
+    For explanations (``explain``, ``variants``, ``info``): one GET, and none for a variant whose
+    metadata.json the file listing does not have. None when absent.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+        KernelMetadataError: the file is malformed or too large (see :mod:`kernel_loader.metadata`).
+    """
+    path = f"build/{variant}/metadata.json"
+    where = f"{repo_id}@{sha[:12]}/{path}"
+    if path not in {f.path for f in list_files(repo_id, repo_type, sha, settings)}:
+        return None
+    url = _file_url(settings, repo_type, repo_id, sha, path)
+    try:
+        raw = call(settings, where, lambda: _get_capped(settings, url, metadata.MAX_METADATA_BYTES))
+    except HubRepoMissing:
+        return None
+    return metadata.parse_metadata(raw, where).to_json()
