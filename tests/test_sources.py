@@ -149,3 +149,63 @@ def test_explanation_metadata_is_read_without_writing_and_an_absent_file_costs_n
     assert not (hub_env.hf_home / "hub").exists()
     with hub_server.offline():  # the listing already says this variant has no metadata.json
         assert hub.fetch_metadata(repo_id, "model", sha, "torch-cpu-no-meta", settings) is None
+
+
+# -- failures said in words ----------------------------------------------------------------------
+
+LIBRARY_CLASS_NAME = r"[A-Z][a-zA-Z]+(Error|Exception)\b"
+
+
+def _said_once(text: str, part: str) -> bool:
+    """``part`` is named at most once outside the `commands` a message advises."""
+    import re
+
+    return re.sub(r"`[^`]*`", "", text).count(part) <= 1
+
+
+def _message_of(fn, error: type) -> str:
+    with pytest.raises(error) as info:
+        fn()
+    return str(info.value)
+
+
+def test_hub_failures_are_said_in_words_with_the_id_once(hub_env, hub_server, monkeypatch, tmp_path, caplog):
+    import re
+    import socket
+
+    import kernel_loader
+    from kernel_loader.errors import KernelDownloadError, KernelNotFoundError, OfflineKernelMissingError
+
+    monkeypatch.setenv("KERNEL_LOADER_NO_BUNDLED", "1")
+    repo_id = hub_server.new_repo_id("words", org="kernels-community")
+    sha = hub_server.add_repo(repo_id, {f"build/torch-universal/{k}": v for k, v in kernel_files(1, "words").items()})
+    missing_repo = "kernels-community/never-made-words"
+    messages = {
+        "missing repo": (_message_of(lambda: kernel_loader.get_kernel(missing_repo), KernelNotFoundError), missing_repo),
+        "missing revision": (_message_of(lambda: kernel_loader.get_kernel(repo_id, revision="no-such-branch"), KernelNotFoundError),
+                             "no-such-branch"),
+        "missing commit": (_message_of(lambda: kernel_loader.get_kernel(f"{repo_id}@{'0' * 40}"), KernelNotFoundError), "0" * 40),
+    }
+    job = publish.VariantFetch(repo_id, "model", sha, "torch-universal",
+                               [hub.RemoteFile("build/torch-universal/words/gone.py", 10, None, "1" * 40)], ["torch-universal"], {})
+    with pytest.raises(KernelDownloadError) as missing_file:
+        publish.publish_variant(job, tmp_path / "cache", hub.HubSettings.from_env(), lock_timeout=5)
+    messages["missing file"] = (str(missing_file.value), "gone.py")
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{free.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", dead)
+    monkeypatch.setenv("KERNEL_LOADER_RETRIES", "1")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kernel_loader"):
+        messages["dead endpoint"] = (_message_of(lambda: kernel_loader.get_kernel(repo_id), OfflineKernelMissingError), dead)
+    retry_logs = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
+
+    for case, (text, named) in messages.items():
+        assert not re.search(LIBRARY_CLASS_NAME, text), (case, text)
+        assert _said_once(text, repo_id if case != "missing repo" else missing_repo) and _said_once(text, named), (case, text)
+    assert "HTTP 4" in messages["missing repo"][0] and "HF_TOKEN" in messages["missing repo"][0]
+    assert "Known: main" in messages["missing revision"][0] and "Known refs: main" in messages["missing commit"][0]
+    assert "HTTP 404" in messages["missing file"][0] and "gone.py is listed but cannot be fetched" in messages["missing file"][0]
+    assert "unreachable: the connection was refused" in messages["dead endpoint"][0] and "HF_ENDPOINT" in messages["dead endpoint"][0]
+    assert retry_logs and all(not re.search(LIBRARY_CLASS_NAME, m) and "the connection was refused" in m for m in retry_logs)

@@ -12,7 +12,9 @@ Time is bounded: huggingface_hub's shared HTTP client is given connect/read time
 (its default client waits forever), file transfers use the read timeout, and a call that fails in
 transit is tried again ``retries`` times, each retry logged. Every failure is mapped in
 :func:`_classify`, the one place that turns huggingface_hub / HTTP / OS errors into
-:class:`HubUnreachable`, :class:`HubRepoMissing` or the project's cache errors.
+:class:`HubUnreachable`, :class:`HubRepoMissing` or the project's cache errors, said in words
+(the HTTP status, the endpoint, the timeout that ran out, what to check): library class names
+steer the wording and never appear in it.
 """
 
 from __future__ import annotations
@@ -33,11 +35,28 @@ REPO_TYPES = ("kernel", "model")
 T = TypeVar("T")
 
 
-class HubUnreachable(Exception):
+class HubCallError(Exception):
+    """A Hub call that failed, said in words (no library class names).
+
+    ``str()`` is the whole sentence, ``"<what>: the Hub at <endpoint> <reason>"``; :attr:`summary`
+    leaves out ``what`` for messages that already name the kernel, so no id is said twice.
+    """
+
+    def __init__(self, endpoint: str, reason: str, what: str | None = None) -> None:
+        self.endpoint, self.reason, self.what = endpoint, reason, what
+        super().__init__(f"{what}: {self.summary}" if what else self.summary)
+
+    @property
+    def summary(self) -> str:
+        """What happened and where, without naming the call."""
+        return f"the Hub at {self.endpoint} {self.reason}"
+
+
+class HubUnreachable(HubCallError):
     """The Hub could not be reached, stalled or died (connection refused, DNS, timeout, offline mode)."""
 
 
-class HubRepoMissing(Exception):
+class HubRepoMissing(HubCallError):
     """The Hub answered, but has no such repo, revision or file (for any repo type)."""
 
 
@@ -243,15 +262,18 @@ def _file_url(settings: HubSettings, repo_type: str, repo_id: str, sha: str, pat
 # -- error mapping (the one place) ------------------------------------------------------------
 
 
-def _in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
-    seen: set[int] = set()
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, outermost first."""
+    seen: list[BaseException] = []
     cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if test(cur):
-            return True
+    while cur is not None and all(cur is not e for e in seen):
+        seen.append(cur)
         cur = cur.__cause__ or cur.__context__
-    return False
+    return seen
+
+
+def _in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
+    return any(test(e) for e in _chain(exc))
 
 
 def _is_transport(exc: BaseException) -> bool:
@@ -317,17 +339,62 @@ def is_disk_full(exc: BaseException) -> bool:
     return _in_chain(exc, lambda e: isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
 
 
+def _status(exc: BaseException) -> int | None:
+    return next((s for e in _chain(exc) if isinstance(s := getattr(getattr(e, "response", None), "status_code", None), int)), None)
+
+
+def _transport_reason(exc: BaseException, settings: HubSettings) -> str:
+    """What went wrong in transit, in words; the class names only steer the choice of words."""
+    chain = _chain(exc)
+    names = {cls.__name__ for e in chain for cls in type(e).__mro__}
+    text = " ".join(str(e) for e in chain).lower()
+    if "OfflineModeIsEnabled" in names:
+        return "is not used: HF_HUB_OFFLINE is set"
+    if names & {"ConnectTimeout", "ConnectTimeoutError"}:
+        detail = f"no connection within {settings.connect_timeout:g} s (KERNEL_LOADER_CONNECT_TIMEOUT)"
+    elif names & {"TimeoutException", "Timeout", "TimeoutError", "ReadTimeout", "ReadTimeoutError", "timeout"}:
+        detail = f"no answer within {settings.read_timeout:g} s (KERNEL_LOADER_READ_TIMEOUT)"
+    elif "ConnectionRefusedError" in names or "connection refused" in text:
+        detail = "the connection was refused, nothing listens there; check HF_ENDPOINT"
+    elif "gaierror" in names or any(t in text for t in ("name or service not known", "name resolution", "nodename nor servname")):
+        detail = "its host name does not resolve; check HF_ENDPOINT and the network"
+    elif "ConnectionResetError" in names or "reset by peer" in text:
+        detail = "the server reset the connection"
+    elif names & {"RemoteProtocolError", "ReadError", "ChunkedEncodingError", "ProtocolError", "IncompleteRead"}:
+        detail = "the answer broke off midway"
+    else:
+        detail = "the connection failed"
+    return f"is unreachable: {detail}"
+
+
+def _missing_reason(exc: BaseException) -> str:
+    status = _status(exc)
+    if any(type(e).__name__ == "GatedRepoError" for e in _chain(exc)):
+        return f"answered HTTP {status}: the repo is gated; accept its terms on the Hub and set HF_TOKEN"
+    if status in (401, 403):
+        return f"answered HTTP {status}: not found, or private (then set HF_TOKEN)"
+    if status is not None:
+        return f"answered HTTP {status}: not found"
+    return "does not serve this repo type with the installed huggingface_hub"  # the ValueError of old releases
+
+
+def _failure(exc: BaseException, settings: HubSettings) -> str:
+    """A failed call in words (for retry logs): a transport failure or the HTTP status."""
+    status = _status(exc)
+    return f"answered HTTP {status}" if status is not None and not _in_chain(exc, _is_transport) else _transport_reason(exc, settings)
+
+
 def _classify(exc: BaseException, settings: HubSettings, what: str) -> BaseException | None:
     """The exception to raise for a failed call, or None when it is not ours to map."""
     unsafe = _unsafe_names(exc, settings, what)
     if unsafe is not None:
         return unsafe
     if isinstance(exc, _NotAListing):
-        return HubUnreachable(f"{settings.endpoint} answered {what} with {exc}, not what the Hub API returns")
+        return HubUnreachable(settings.endpoint, f"answered with {exc}, not what the Hub API returns", what)
     if _in_chain(exc, _is_transport):
-        return HubUnreachable(f"{settings.endpoint} did not answer {what} ({type(exc).__name__}: {exc})")
+        return HubUnreachable(settings.endpoint, _transport_reason(exc, settings), what)
     if _is_missing(exc):
-        return HubRepoMissing(f"{what}: {settings.endpoint} has no such repo, revision or file ({type(exc).__name__})")
+        return HubRepoMissing(settings.endpoint, _missing_reason(exc), what)
     return None
 
 
@@ -345,7 +412,7 @@ def call(settings: HubSettings, what: str, fn: Callable[[], T]) -> T:
         Exception: anything else (e.g. an OSError of the cache), unchanged, for the caller.
     """
     if settings.offline:
-        raise HubUnreachable("HF_HUB_OFFLINE is set")
+        raise HubUnreachable(settings.endpoint, "is not used: HF_HUB_OFFLINE is set", what)
     attempt = 0
     while True:
         try:
@@ -354,13 +421,13 @@ def call(settings: HubSettings, what: str, fn: Callable[[], T]) -> T:
             if attempt < settings.retries and _retryable(exc) and not is_disk_full(exc):
                 attempt += 1
                 wait = min(0.25 * 2 ** (attempt - 1), 2.0)
-                logger.warning("%s: %s failed (%s: %s); retry %d of %d in %.2f s",
-                               settings.endpoint, what, type(exc).__name__, exc, attempt, settings.retries, wait)
+                logger.warning("%s: the Hub at %s %s; retry %d of %d in %.2f s",
+                               what, settings.endpoint, _failure(exc, settings), attempt, settings.retries, wait)
                 time.sleep(wait)
                 continue
             mapped = _classify(exc, settings, what)
             if mapped is None and _is_server_error(exc):
-                mapped = HubUnreachable(f"{settings.endpoint} failed {what} ({type(exc).__name__}: {exc})")
+                mapped = HubUnreachable(settings.endpoint, f"is unreachable: it failed with HTTP {_status(exc)}, a server error", what)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -398,11 +465,13 @@ def remote_repo(repo_id: str, settings: HubSettings) -> RemoteRepo:
     for repo_type in _repo_types():
         try:
             branches, tags = call(settings, f"the refs of {repo_id}", lambda: _refs(settings, repo_type, repo_id))
-        except HubRepoMissing:
-            tried.append(repo_type)
+        except HubRepoMissing as exc:
+            status = _status(exc.__cause__) if exc.__cause__ is not None else None
+            tried.append(f"HTTP {status} as repo type {repo_type}" if status else f"nothing as repo type {repo_type}")
             continue
         return RemoteRepo(repo_id, repo_type, branches, tags)
-    raise HubRepoMissing(f"{repo_id} not found on {settings.endpoint} (repo types tried: {', '.join(tried)})")
+    reason = f"answered {' and '.join(tried)}: repo not found; a private or gated repo also needs HF_TOKEN"
+    raise HubRepoMissing(settings.endpoint, reason, repo_id)
 
 
 def commit_exists(repo_id: str, repo_type: str, sha: str, settings: HubSettings) -> bool:
