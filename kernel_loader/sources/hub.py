@@ -497,6 +497,7 @@ def commit_exists(repo_id: str, repo_type: str, sha: str, settings: HubSettings)
 # A commit's tree never changes, so one listing per (endpoint, repo, sha) serves every caller in
 # the process: the resolver, then `info`'s metadata reads and `lock`'s digests, with one GET.
 _listings: dict[tuple[str, str, str, str], list[RemoteFile]] = {}
+_listings_lock = threading.Lock()
 _LISTINGS_KEPT = 64
 
 
@@ -541,9 +542,10 @@ def list_files(repo_id: str, repo_type: str, sha: str, settings: HubSettings) ->
         files = call(settings, f"the file list of {repo_id}@{sha[:12]}", listing)
     except HubRepoMissing:
         return []
-    if len(_listings) >= _LISTINGS_KEPT:
-        _listings.pop(next(iter(_listings)))
-    _listings[key] = files
+    with _listings_lock:
+        if len(_listings) >= _LISTINGS_KEPT:
+            _listings.pop(next(iter(_listings)))
+        _listings[key] = files
     return list(files)
 
 
