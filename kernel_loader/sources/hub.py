@@ -375,7 +375,7 @@ def _missing_reason(exc: BaseException) -> str:
         return f"answered HTTP {status}: not found, or private (then set HF_TOKEN)"
     if status is not None:
         return f"answered HTTP {status}: not found"
-    return "does not serve this repo type with the installed huggingface_hub"  # the ValueError of old releases
+    return "cannot be asked for this repo type by the installed huggingface_hub"  # the ValueError of old releases
 
 
 def _failure(exc: BaseException, settings: HubSettings) -> str:
