@@ -350,14 +350,15 @@ def _transport_reason(exc: BaseException, settings: HubSettings) -> str:
     text = " ".join(str(e) for e in chain).lower()
     if "OfflineModeIsEnabled" in names:
         return "is not used: HF_HUB_OFFLINE is set"
-    if names & {"ConnectTimeout", "ConnectTimeoutError"}:
-        detail = f"no connection within {settings.connect_timeout:g} s (KERNEL_LOADER_CONNECT_TIMEOUT)"
-    elif names & {"TimeoutException", "Timeout", "TimeoutError", "ReadTimeout", "ReadTimeoutError", "timeout"}:
-        detail = f"no answer within {settings.read_timeout:g} s (KERNEL_LOADER_READ_TIMEOUT)"
-    elif "ConnectionRefusedError" in names or "connection refused" in text:
+    # Refusals and DNS first: urllib3 files its NewConnectionError under ConnectTimeoutError.
+    if "ConnectionRefusedError" in names or "connection refused" in text:
         detail = "the connection was refused, nothing listens there; check HF_ENDPOINT"
     elif "gaierror" in names or any(t in text for t in ("name or service not known", "name resolution", "nodename nor servname")):
         detail = "its host name does not resolve; check HF_ENDPOINT and the network"
+    elif names & {"ConnectTimeout", "ConnectTimeoutError"}:
+        detail = f"no connection within {settings.connect_timeout:g} s (KERNEL_LOADER_CONNECT_TIMEOUT)"
+    elif names & {"TimeoutException", "Timeout", "TimeoutError", "ReadTimeout", "ReadTimeoutError", "timeout"}:
+        detail = f"no answer within {settings.read_timeout:g} s (KERNEL_LOADER_READ_TIMEOUT)"
     elif "ConnectionResetError" in names or "reset by peer" in text:
         detail = "the server reset the connection"
     elif names & {"RemoteProtocolError", "ReadError", "ChunkedEncodingError", "ProtocolError", "IncompleteRead"}:
