@@ -61,12 +61,6 @@ def _tidy(text: str, args: argparse.Namespace | None, target: str | None = None)
     """
     from kernel_loader import constants
 
-    # Library exception class names mean nothing at the terminal; say what they mean.
-    text = re.sub(r"\((?:kernel|model): \w+(?:Error|Exception); (?:kernel|model): \w+(?:Error|Exception)\)",
-                  "(asked for repo type kernel, then model)", text)
-    text = re.sub(r"\b(?:huggingface_hub\.errors\.)?([A-Z]\w*(?:Error|Exception))\b",
-                  lambda m: m[0] if hasattr(errors, m[1]) else _LIBRARY_ERRORS.get(m[1], "failure"), text)
-    text = re.sub(r"^([^\s:]+): \1 ", r"\1 ", text)  # "org/x: org/x not found" says the id once
     verb = getattr(args, "command", None)
     repo = target.split("|")[-1].split("@")[0].split(":")[0] if target else None
     if verb == "explain" and repo:
@@ -79,21 +73,6 @@ def _tidy(text: str, args: argparse.Namespace | None, target: str | None = None)
         if "HF_HUB_OFFLINE" in text and "-u HF_HUB_OFFLINE" not in text and "unset HF_HUB_OFFLINE" not in text:
             text += "\nHF_HUB_OFFLINE=1 keeps kernel-loader off the Hub: unset it (`unset HF_HUB_OFFLINE`) to download."
     return text.strip()
-
-
-_LIBRARY_ERRORS = {
-    "RepositoryNotFoundError": "repo not found",
-    "RevisionNotFoundError": "revision not found",
-    "EntryNotFoundError": "file not found",
-    "RemoteEntryNotFoundError": "file not found",
-    "LocalEntryNotFoundError": "not in the local cache",
-    "GatedRepoError": "gated repo: accept its terms on the Hub",
-    "HfHubHTTPError": "HTTP error",
-    "OfflineModeIsEnabled": "offline mode",
-    "ConnectError": "could not connect",
-    "ConnectTimeout": "connection timed out",
-    "ReadTimeout": "read timed out",
-}
 
 
 def _warning_formatter(args: argparse.Namespace | None, target: str | None) -> Callable[..., str]:
@@ -549,27 +528,24 @@ def _remote_repo(repo_id: str):
         return hub.remote_repo(repo_id, hub.HubSettings.from_env())
     except hub.HubUnreachable as exc:
         raise errors.OfflineKernelMissingError(
-            f"{repo_id}: the Hub is unreachable ({exc}); `kernel-loader cache ls` shows what is cached."
+            f"{repo_id}: {exc.summary}; `kernel-loader cache ls` shows what is cached."
         ) from None
     except hub.HubRepoMissing as exc:
-        raise errors.KernelNotFoundError(f"{exc}. Check the id (and HF_ENDPOINT / HF_TOKEN).") from None
+        raise errors.KernelNotFoundError(f"{repo_id}: {exc.summary}. Check the id (and HF_ENDPOINT).") from None
 
 
 def _hub_metadata(repo_id: str, repo_type: str, sha: str, names: list[str]) -> dict[str, dict | None]:
-    """Each variant's metadata.json, fetched into a throwaway folder: info writes nothing into the cache."""
-    import tempfile
-
+    """Each variant's metadata.json, read straight from the Hub: info writes nothing into the cache."""
     from kernel_loader.sources import hub
 
-    with tempfile.TemporaryDirectory(prefix="kernel-loader-info-") as tmp:
-        settings = hub.HubSettings.from_env()
-        build: dict[str, dict | None] = {}
-        for n in names:
-            try:
-                build[n] = hub.read_metadata(repo_id, repo_type, sha, n, Path(tmp), settings)
-            except errors.KernelMetadataError:  # as for a local folder: info describes, it never fails on it
-                build[n] = None
-        return build
+    settings = hub.HubSettings.from_env()
+    build: dict[str, dict | None] = {}
+    for n in names:
+        try:
+            build[n] = hub.fetch_metadata(repo_id, repo_type, sha, n, settings)
+        except errors.KernelMetadataError:  # as for a local folder: info describes, it never fails on it
+            build[n] = None
+    return build
 
 
 def _info_cached(ref, args: argparse.Namespace) -> dict:

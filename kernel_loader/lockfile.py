@@ -68,7 +68,8 @@ def read_lock(path: str | Path) -> list[LockEntry]:
     except OSError as exc:
         raise LockfileError(f"Cannot read lock file {path}: {exc}. Create it with `kernel-loader lock`.") from None
     except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the json module follows
-        raise LockfileError(f"Lock file {path} is not valid JSON ({type(exc).__name__}). Re-create it with `kernel-loader lock`.") from None
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise LockfileError(f"Lock file {path} is not valid JSON ({detail}). Re-create it with `kernel-loader lock`.") from None
     if not isinstance(data, list):
         raise LockfileError(f"Lock file {path} must hold a JSON list of kernels, found {type(data).__name__}.")
     entries = []

@@ -55,7 +55,7 @@ def lock_entry(repo_id: str, spec: int | str, *, cache_dir: Path | None = None, 
     try:
         files = hub.list_files(repo_id, res.repo_type, res.sha, settings)
     except hub.HubUnreachable as exc:
-        raise OfflineKernelMissingError(f"Cannot lock {repo_id}: the Hub stopped answering ({exc}).") from None
+        raise OfflineKernelMissingError(f"Cannot lock {repo_id}: {exc.summary}. Check it, then run the same call again.") from None
     entry = LockEntry(repo_id, res.sha, {}, version, revision)
     for variant in hub.variants_of(files):
         digests = hub.lock_digests(files, variant)

@@ -244,7 +244,7 @@ def publish_variant(job: VariantFetch, cache_dir: Path, settings: hub.HubSetting
 
 
 def _no_locks(what: str, root: Path, exc: BaseException | None) -> CacheLockError:
-    detail = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+    detail = f" ({exc})" if exc is not None else ""
     return CacheLockError(
         f"{what}: the filesystem of the kernel cache {root} has no working file locks{detail}, so concurrent "
         "downloads could mix. Prefetch once with `kernel-loader download` (see docs/cluster.md) and load with "
@@ -261,18 +261,19 @@ def _fetch_all(job: VariantFetch, root: Path, settings: hub.HubSettings, what: s
     files: dict[str, FileDigest] = {}
     remaining = sum(f.size for f in job.files)
     for want in job.files:
+        name = want.path.removeprefix(f"build/{job.variant}/")  # `what` names the variant folder
         for attempt in (1, 2):
             try:
                 path = hub.download_file(job.repo_id, job.repo_type, job.sha, want.path, root, settings)
             except hub.HubUnreachable as exc:
                 raise KernelDownloadError(
-                    f"{what}: the download stopped at {want.path} ({exc}). The Hub or mirror {settings.endpoint} died or "
-                    f"stalled (each call is bounded by KERNEL_LOADER_CONNECT_TIMEOUT / KERNEL_LOADER_READ_TIMEOUT, "
-                    f"{settings.retries} retries). Check it, then run the same call again: files already fetched are kept."
+                    f"{what}: the download stopped at {name}: {exc.summary} (each call is bounded by "
+                    f"KERNEL_LOADER_CONNECT_TIMEOUT / KERNEL_LOADER_READ_TIMEOUT, {settings.retries} retries). "
+                    "Check it, then run the same call again: files already fetched are kept."
                 ) from None
             except hub.HubRepoMissing as exc:
                 raise KernelDownloadError(
-                    f"{what}: {want.path} is listed but cannot be fetched ({exc}); the revision may have been rewritten. "
+                    f"{what}: {name} is listed but cannot be fetched: {exc.summary}; the revision may have been rewritten. "
                     f"See `kernel-loader explain {job.repo_id}`."
                 ) from None
             except OSError as exc:

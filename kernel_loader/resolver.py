@@ -12,7 +12,6 @@ variant is checked against its completion record (or its lock). Nothing here imp
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -180,7 +179,7 @@ def _pick_ref(req: Request, versions: dict[int, str], named: dict[str, str], whe
         if cache.is_sha(rev):
             return rev, rev
         raise KernelNotFoundError(
-            f"{req.what}: revision {rev!r} not found {where}. Known: {', '.join(sorted(named)) or 'none'}. "
+            f"{req.what}: revision not found {where}. Known: {', '.join(sorted(named)) or 'none'}. "
             f"See `kernel-loader explain {req.ref.repo_id}`."
         )
     if req.version is not None:
@@ -188,7 +187,7 @@ def _pick_ref(req: Request, versions: dict[int, str], named: dict[str, str], whe
             return f"v{req.version}", versions[req.version]
         have = ", ".join(f"v{v}" for v in sorted(versions)) or "none"
         raise KernelNotFoundError(
-            f"{req.what}: version {req.version} (branch v{req.version}) not found {where}; versions: {have}. "
+            f"{req.what}: branch v{req.version} not found {where}; versions: {have}. "
             f"See `kernel-loader explain {req.ref.repo_id}`."
         )
     if versions:
@@ -323,14 +322,12 @@ def _resolve_hub(req: Request, machine: Machine, settings: hub.HubSettings) -> R
     try:
         remote = hub.remote_repo(repo_id, settings)
     except hub.HubUnreachable as exc:
-        return _resolve_offline(req, machine, f"the Hub at {settings.endpoint} is unreachable ({exc})")
+        return _resolve_offline(req, machine, exc.summary)
     except hub.HubRepoMissing as exc:
         res = resolve_bundled(req, f"the Hub at {settings.endpoint} has no {repo_id}") if req.lock is None else None
         if res is not None:
             return res
-        raise KernelNotFoundError(
-            f"{req.what}: {exc}. Check the id (and HF_ENDPOINT/HF_TOKEN), or see `kernel-loader explain {repo_id}`."
-        ) from None
+        raise KernelNotFoundError(f"{req.what}: {exc.summary}. Check the id (and HF_ENDPOINT).") from None
     try:
         return _resolve_remote(req, machine, remote, settings)
     except NoCompatibleVariantError as misfit:
@@ -346,10 +343,11 @@ def _resolve_hub(req: Request, machine: Machine, settings: hub.HubSettings) -> R
         fits.notes.append("rejected Hub builds:\n" + "\n".join(d.line() for d in misfit.decisions))
         return fits
     except hub.HubUnreachable as exc:  # the connection dropped after the refs were read
-        return _resolve_offline(req, machine, f"the Hub at {settings.endpoint} stopped answering ({exc})")
+        return _resolve_offline(req, machine, f"{exc.summary} after listing the refs")
     except hub.HubRepoMissing as exc:
         raise KernelNotFoundError(
-            f"{req.what}: {exc}. See `kernel-loader explain {repo_id}`; the revision may have been rewritten."
+            f"{req.what}: {exc.summary} after listing the refs; the revision may have been rewritten. "
+            f"See `kernel-loader explain {repo_id}`."
         ) from None
 
 
@@ -370,7 +368,9 @@ def _resolve_remote(req: Request, machine: Machine, remote: hub.RemoteRepo, sett
     named = {**remote.tags, **remote.branches}
     ref_name, sha = _pick_ref(req, remote.versions(), named, f"on {settings.endpoint}")
     if ref_name == sha and not hub.commit_exists(repo_id, remote.repo_type, sha, settings):
-        raise KernelNotFoundError(f"{req.what}: commit {sha} not found on {settings.endpoint}.")
+        raise KernelNotFoundError(
+            f"{req.what}: commit not found on {settings.endpoint}. Known refs: {', '.join(sorted(named)) or 'none'}."
+        )
     cache_dir = cache.cache_root(req.cache_dir)
     refs = _refs_to_record(req, ref_name, sha)
     # A load uses the cached copy of this sha; an explanation (download=False) lists every
@@ -389,13 +389,15 @@ def _resolve_remote(req: Request, machine: Machine, remote: hub.RemoteRepo, sett
     if req.ref.revision is None and req.version is None and req.lock is None:
         res.notes.append(f"no version asked: used {ref_name}, the highest vN branch (else main)")
     meta_cache: dict[str, dict | None] = {}
-    # An explanation (download=False) leaves the cache as it was: metadata goes to a scratch folder.
-    scratch = None if req.download else tempfile.TemporaryDirectory(prefix="kernel-loader-meta-")
-    meta_dir = cache_dir if scratch is None else Path(scratch.name)
 
     def read_meta(variant: str) -> dict | None:
+        # A load keeps metadata.json in the cache (its files are fetched next); an explanation
+        # (download=False) leaves the cache as it was and reads it straight from the Hub.
         if variant not in meta_cache:
-            meta_cache[variant] = hub.read_metadata(repo_id, remote.repo_type, sha, variant, meta_dir, settings)
+            meta_cache[variant] = (
+                hub.read_metadata(repo_id, remote.repo_type, sha, variant, cache_dir, settings) if req.download
+                else hub.fetch_metadata(repo_id, remote.repo_type, sha, variant, settings)
+            )
         return meta_cache[variant]
 
     listing_only = req.all_variants and not req.download  # locking: every variant, nothing fetched

@@ -278,7 +278,7 @@ def test_offline_explain_lists_every_variant_from_the_completion_record(hub_env,
     assert "Traceback" not in out + err and (code != 0 or "listing of this revision is unknown" in out), (code, out, err)
 
 
-def test_the_fast_verbs_never_import_torch(hub_env, cli_repo, tmp_path):
+def test_the_fast_verbs_never_import_torch_nor_huggingface_hubs_api_module(hub_env, cli_repo, tmp_path):
     repo_id, sha = cli_repo
     assert cli.main(["download", f"{repo_id}@v1"]) == 0
     lock = tmp_path / "kernels.lock"
@@ -292,6 +292,9 @@ def test_the_fast_verbs_never_import_torch(hub_env, cli_repo, tmp_path):
         "    with contextlib.redirect_stdout(io.StringIO()):\n"
         "        cli.main(argv)\n"
         "    assert 'torch' not in sys.modules, argv\n"
+        # the Hub is asked through huggingface_hub's HTTP helpers; HfApi and hf_hub_download
+        # (a tenth of a second to import) are for downloads only
+        "    assert not {'huggingface_hub.hf_api', 'huggingface_hub.file_download'} & set(sys.modules), argv\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

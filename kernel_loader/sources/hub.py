@@ -1,4 +1,8 @@
-"""Talking to the Hub (or a mirror) through huggingface_hub's public API.
+"""Talking to the Hub (or a mirror) through huggingface_hub.
+
+Refs, file listings and the metadata.json that explanations read are plain GETs through
+huggingface_hub's shared HTTP client, headers and error mapping; files that land in the cache
+come through ``hf_hub_download``.
 
 Every call gets a :class:`HubSettings` (endpoint, token, timeouts, retries) from the request,
 because huggingface_hub reads ``HF_ENDPOINT`` only once, at import. Repo type ``kernel`` is tried
@@ -8,7 +12,9 @@ Time is bounded: huggingface_hub's shared HTTP client is given connect/read time
 (its default client waits forever), file transfers use the read timeout, and a call that fails in
 transit is tried again ``retries`` times, each retry logged. Every failure is mapped in
 :func:`_classify`, the one place that turns huggingface_hub / HTTP / OS errors into
-:class:`HubUnreachable`, :class:`HubRepoMissing` or the project's cache errors.
+:class:`HubUnreachable`, :class:`HubRepoMissing` or the project's cache errors, said in words
+(the HTTP status, the endpoint, the timeout that ran out, what to check): library class names
+steer the wording and never appear in it.
 """
 
 from __future__ import annotations
@@ -29,11 +35,28 @@ REPO_TYPES = ("kernel", "model")
 T = TypeVar("T")
 
 
-class HubUnreachable(Exception):
+class HubCallError(Exception):
+    """A Hub call that failed, said in words (no library class names).
+
+    ``str()`` is the whole sentence, ``"<what>: the Hub at <endpoint> <reason>"``; :attr:`summary`
+    leaves out ``what`` for messages that already name the kernel, so no id is said twice.
+    """
+
+    def __init__(self, endpoint: str, reason: str, what: str | None = None) -> None:
+        self.endpoint, self.reason, self.what = endpoint, reason, what
+        super().__init__(f"{what}: {self.summary}" if what else self.summary)
+
+    @property
+    def summary(self) -> str:
+        """What happened and where, without naming the call."""
+        return f"the Hub at {self.endpoint} {self.reason}"
+
+
+class HubUnreachable(HubCallError):
     """The Hub could not be reached, stalled or died (connection refused, DNS, timeout, offline mode)."""
 
 
-class HubRepoMissing(Exception):
+class HubRepoMissing(HubCallError):
     """The Hub answered, but has no such repo, revision or file (for any repo type)."""
 
 
@@ -157,27 +180,100 @@ def _requests_with_timeouts(session: Any, settings: HubSettings) -> Any:
     return session
 
 
-def _api(settings: HubSettings) -> Any:
-    from huggingface_hub import HfApi
+# The Hub is asked through huggingface_hub's shared client (``get_session``), headers
+# (``build_hf_headers``: token, user agent) and error mapping (``hf_raise_for_status``), not
+# through ``HfApi``: importing ``huggingface_hub.hf_api`` costs about 0.1 s, a fifth of a warm
+# ``kernel-loader explain``, for three plain GETs whose JSON is read here.
+
+
+class _NotAListing(Exception):
+    """The Hub answered 200 with JSON that is not what the endpoint documents."""
+
+
+def _http(settings: HubSettings) -> tuple[Any, dict[str, str]]:
+    """huggingface_hub's shared HTTP client (with our timeouts) and the headers for ``settings``."""
+    from huggingface_hub.utils import build_hf_headers, get_session
 
     from kernel_loader import __version__
 
     _install_timeouts(settings)
-    return HfApi(endpoint=settings.endpoint, token=settings.token, library_name="kernel_loader", library_version=__version__)
+    headers = build_hf_headers(token=settings.token, library_name="kernel_loader", library_version=__version__)
+    return get_session(), headers
+
+
+def _get_json(settings: HubSettings, url: str, params: dict | None = None) -> tuple[Any, Any]:
+    """GET ``url``: (its JSON, the response); an error status raises huggingface_hub's typed error."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    session, headers = _http(settings)
+    response = session.get(url, headers=headers, params=params)
+    hf_raise_for_status(response)
+    try:
+        return response.json(), response
+    except ValueError:
+        raise _NotAListing(f"{len(response.content)} bytes that are not JSON") from None
+
+
+def _get_pages(settings: HubSettings, url: str, params: dict) -> list:
+    """Every item of a paginated listing (the Hub links the next page in the ``Link`` header)."""
+    items: list = []
+    next_url: str | None = url
+    while next_url:
+        page, response = _get_json(settings, next_url, params)
+        if not isinstance(page, list):
+            raise _NotAListing("a page that is not a list of entries")
+        items.extend(page)
+        next_url, params = response.links.get("next", {}).get("url"), None  # the link carries the query
+    return items
+
+
+def _get_capped(settings: HubSettings, url: str, limit: int) -> bytes:
+    """The body of ``url``, at most ``limit + 1`` bytes read (a larger file is refused by the caller)."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    session, headers = _http(settings)
+    if callable(getattr(session, "stream", None)):  # httpx (huggingface_hub 1.x / 2.x); requests has a flag
+        opened, chunks = session.stream("GET", url, headers=headers), lambda r: r.iter_bytes()
+    else:  # requests (huggingface_hub 0.x)
+        opened, chunks = session.get(url, headers=headers, stream=True), lambda r: r.iter_content(chunk_size=65536)
+    body = bytearray()
+    with opened as response:
+        hf_raise_for_status(response)
+        for chunk in chunks(response):
+            body += chunk
+            if len(body) > limit:
+                break
+    return bytes(body[: limit + 1])
+
+
+def _api_url(settings: HubSettings, repo_type: str, repo_id: str, *tail: str) -> str:
+    return f"{settings.endpoint.rstrip('/')}/api/{repo_type}s/{repo_id}/" + "/".join(tail)
+
+
+def _file_url(settings: HubSettings, repo_type: str, repo_id: str, sha: str, path: str) -> str:
+    from urllib.parse import quote
+
+    from huggingface_hub import constants as hf_constants
+
+    prefix = getattr(hf_constants, "REPO_TYPES_URL_PREFIXES", {}).get(repo_type, "")
+    return f"{settings.endpoint.rstrip('/')}/{prefix}{repo_id}/resolve/{quote(sha, safe='')}/{quote(path)}"
 
 
 # -- error mapping (the one place) ------------------------------------------------------------
 
 
-def _in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
-    seen: set[int] = set()
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, outermost first."""
+    seen: list[BaseException] = []
     cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if test(cur):
-            return True
+    while cur is not None and all(cur is not e for e in seen):
+        seen.append(cur)
         cur = cur.__cause__ or cur.__context__
-    return False
+    return seen
+
+
+def _in_chain(exc: BaseException, test: Callable[[BaseException], bool]) -> bool:
+    return any(test(e) for e in _chain(exc))
 
 
 def _is_transport(exc: BaseException) -> bool:
@@ -243,15 +339,63 @@ def is_disk_full(exc: BaseException) -> bool:
     return _in_chain(exc, lambda e: isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
 
 
+def _status(exc: BaseException) -> int | None:
+    return next((s for e in _chain(exc) if isinstance(s := getattr(getattr(e, "response", None), "status_code", None), int)), None)
+
+
+def _transport_reason(exc: BaseException, settings: HubSettings) -> str:
+    """What went wrong in transit, in words; the class names only steer the choice of words."""
+    chain = _chain(exc)
+    names = {cls.__name__ for e in chain for cls in type(e).__mro__}
+    text = " ".join(str(e) for e in chain).lower()
+    if "OfflineModeIsEnabled" in names:
+        return "is not used: HF_HUB_OFFLINE is set"
+    # Refusals and DNS first: urllib3 files its NewConnectionError under ConnectTimeoutError.
+    if "ConnectionRefusedError" in names or "connection refused" in text:
+        detail = "the connection was refused, nothing listens there; check HF_ENDPOINT"
+    elif "gaierror" in names or any(t in text for t in ("name or service not known", "name resolution", "nodename nor servname")):
+        detail = "its host name does not resolve; check HF_ENDPOINT and the network"
+    elif names & {"ConnectTimeout", "ConnectTimeoutError"}:
+        detail = f"no connection within {settings.connect_timeout:g} s (KERNEL_LOADER_CONNECT_TIMEOUT)"
+    elif names & {"TimeoutException", "Timeout", "TimeoutError", "ReadTimeout", "ReadTimeoutError", "timeout"}:
+        detail = f"no answer within {settings.read_timeout:g} s (KERNEL_LOADER_READ_TIMEOUT)"
+    elif "ConnectionResetError" in names or "reset by peer" in text:
+        detail = "the server reset the connection"
+    elif names & {"RemoteProtocolError", "ReadError", "ChunkedEncodingError", "ProtocolError", "IncompleteRead"}:
+        detail = "the answer broke off midway"
+    else:
+        detail = "the connection failed"
+    return f"is unreachable: {detail}"
+
+
+def _missing_reason(exc: BaseException) -> str:
+    status = _status(exc)
+    if any(type(e).__name__ == "GatedRepoError" for e in _chain(exc)):
+        return f"answered HTTP {status}: the repo is gated; accept its terms on the Hub and set HF_TOKEN"
+    if status in (401, 403):
+        return f"answered HTTP {status}: not found, or private (then set HF_TOKEN)"
+    if status is not None:
+        return f"answered HTTP {status}: not found"
+    return "cannot be asked for this repo type by the installed huggingface_hub"  # the ValueError of old releases
+
+
+def _failure(exc: BaseException, settings: HubSettings) -> str:
+    """A failed call in words (for retry logs): a transport failure or the HTTP status."""
+    status = _status(exc)
+    return f"answered HTTP {status}" if status is not None and not _in_chain(exc, _is_transport) else _transport_reason(exc, settings)
+
+
 def _classify(exc: BaseException, settings: HubSettings, what: str) -> BaseException | None:
     """The exception to raise for a failed call, or None when it is not ours to map."""
     unsafe = _unsafe_names(exc, settings, what)
     if unsafe is not None:
         return unsafe
+    if isinstance(exc, _NotAListing):
+        return HubUnreachable(settings.endpoint, f"answered with {exc}, not what the Hub API returns", what)
     if _in_chain(exc, _is_transport):
-        return HubUnreachable(f"{settings.endpoint} did not answer {what} ({type(exc).__name__}: {exc})")
+        return HubUnreachable(settings.endpoint, _transport_reason(exc, settings), what)
     if _is_missing(exc):
-        return HubRepoMissing(f"{what}: {settings.endpoint} has no such repo, revision or file ({type(exc).__name__})")
+        return HubRepoMissing(settings.endpoint, _missing_reason(exc), what)
     return None
 
 
@@ -269,7 +413,7 @@ def call(settings: HubSettings, what: str, fn: Callable[[], T]) -> T:
         Exception: anything else (e.g. an OSError of the cache), unchanged, for the caller.
     """
     if settings.offline:
-        raise HubUnreachable("HF_HUB_OFFLINE is set")
+        raise HubUnreachable(settings.endpoint, "is not used: HF_HUB_OFFLINE is set", what)
     attempt = 0
     while True:
         try:
@@ -278,13 +422,13 @@ def call(settings: HubSettings, what: str, fn: Callable[[], T]) -> T:
             if attempt < settings.retries and _retryable(exc) and not is_disk_full(exc):
                 attempt += 1
                 wait = min(0.25 * 2 ** (attempt - 1), 2.0)
-                logger.warning("%s: %s failed (%s: %s); retry %d of %d in %.2f s",
-                               settings.endpoint, what, type(exc).__name__, exc, attempt, settings.retries, wait)
+                logger.warning("%s: the Hub at %s %s; retry %d of %d in %.2f s",
+                               what, settings.endpoint, _failure(exc, settings), attempt, settings.retries, wait)
                 time.sleep(wait)
                 continue
             mapped = _classify(exc, settings, what)
             if mapped is None and _is_server_error(exc):
-                mapped = HubUnreachable(f"{settings.endpoint} failed {what} ({type(exc).__name__}: {exc})")
+                mapped = HubUnreachable(settings.endpoint, f"is unreachable: it failed with HTTP {_status(exc)}, a server error", what)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -301,28 +445,34 @@ def _repo_types() -> tuple[str, ...]:
     return tuple(t for t in REPO_TYPES if t in accepted)
 
 
+def _refs(settings: HubSettings, repo_type: str, repo_id: str) -> tuple[dict[str, str], dict[str, str]]:
+    data, _ = _get_json(settings, _api_url(settings, repo_type, repo_id, "refs"))
+    try:
+        return tuple(  # type: ignore[return-value]
+            {str(r["name"]): str(r["targetCommit"]) for r in data[kind]} for kind in ("branches", "tags")
+        )
+    except (KeyError, TypeError):
+        raise _NotAListing("refs that lack the lists of branches and tags with their commits") from None
+
+
 def remote_repo(repo_id: str, settings: HubSettings) -> RemoteRepo:
     """The repo's type and refs.
 
     Raises:
-        HubUnreachable: the Hub cannot be reached (or offline mode).
+        HubUnreachable: the Hub cannot be reached (or offline mode), or answers with no refs listing.
         HubRepoMissing: no repo of type ``kernel`` or ``model`` with this id.
     """
-    api = _api(settings)
     tried = []
     for repo_type in _repo_types():
         try:
-            refs = call(settings, f"the refs of {repo_id}", lambda: api.list_repo_refs(repo_id, repo_type=repo_type))
-        except HubRepoMissing:
-            tried.append(repo_type)
+            branches, tags = call(settings, f"the refs of {repo_id}", lambda: _refs(settings, repo_type, repo_id))
+        except HubRepoMissing as exc:
+            status = _status(exc.__cause__) if exc.__cause__ is not None else None
+            tried.append(f"HTTP {status} as repo type {repo_type}" if status else f"nothing as repo type {repo_type}")
             continue
-        return RemoteRepo(
-            repo_id,
-            repo_type,
-            {b.name: b.target_commit for b in refs.branches},
-            {t.name: t.target_commit for t in refs.tags},
-        )
-    raise HubRepoMissing(f"{repo_id} not found on {settings.endpoint} (repo types tried: {', '.join(tried)})")
+        return RemoteRepo(repo_id, repo_type, branches, tags)
+    reason = f"answered {' and '.join(tried)}: repo not found; a private or gated repo also needs HF_TOKEN"
+    raise HubRepoMissing(settings.endpoint, reason, repo_id)
 
 
 def commit_exists(repo_id: str, repo_type: str, sha: str, settings: HubSettings) -> bool:
@@ -334,43 +484,70 @@ def commit_exists(repo_id: str, repo_type: str, sha: str, settings: HubSettings)
     what = f"commit {sha} of {repo_id}"
     try:
         # no retries: olah answers 500 for an unknown sha, the Hub 404
-        info = call(settings._replace(retries=0), what, lambda: _api(settings).repo_info(repo_id, repo_type=repo_type, revision=sha))
+        info, _ = call(settings._replace(retries=0), what,
+                       lambda: _get_json(settings, _api_url(settings, repo_type, repo_id, "revision", sha)))
     except HubRepoMissing:
         return False
     except HubUnreachable as exc:
         if _is_server_error(exc.__cause__) if exc.__cause__ else False:
             return False
         raise
-    return getattr(info, "sha", None) == sha
+    return isinstance(info, dict) and info.get("sha") == sha
+
+
+# A commit's tree never changes, so one listing per (endpoint, repo, sha) serves every caller in
+# the process: the resolver, then `info`'s metadata reads and `lock`'s digests, with one GET.
+_listings: dict[tuple[str, str, str, str], list[RemoteFile]] = {}
+_listings_lock = threading.Lock()
+_LISTINGS_KEPT = 64
+
+
+def _remote_file(item: Any) -> RemoteFile | None:
+    """One tree entry as a :class:`RemoteFile`; None for folders and Python caches."""
+    if not isinstance(item, dict):
+        raise _NotAListing("a tree entry that is not an object")
+    if item.get("type") != "file":
+        return None
+    try:
+        path, size, blob_id, lfs = str(item["path"]), item["size"], str(item["oid"]), item.get("lfs")
+        if lfs is not None:
+            size, lfs_sha = lfs["size"], str(lfs["oid"])
+        else:
+            lfs_sha = None
+        size = int(size)
+    except (KeyError, TypeError, ValueError):
+        raise _NotAListing("a file entry without a usable path, size and object id") from None
+    if "/__pycache__/" in path or path.endswith((".pyc", ".pyo")):
+        return None
+    return RemoteFile(path, size, lfs_sha, blob_id)
 
 
 def list_files(repo_id: str, repo_type: str, sha: str, settings: HubSettings) -> list[RemoteFile]:
     """Every file under ``build/`` at ``sha`` with the sizes and digests the Hub lists (nothing downloaded).
 
     Raises:
-        HubUnreachable: the Hub cannot be reached.
+        HubUnreachable: the Hub cannot be reached, or answers with something that is not a file listing.
     """
-    from huggingface_hub.hf_api import RepoFile
+    from urllib.parse import quote
+
+    key = (settings.endpoint, repo_type, repo_id, sha)
+    if key in _listings:
+        return list(_listings[key])
+    url = _api_url(settings, repo_type, repo_id, "tree", quote(sha, safe=""), "build")
+
+    def listing() -> list[RemoteFile]:
+        items = _get_pages(settings, url, {"recursive": "true", "expand": "false"})
+        return sorted(f for f in map(_remote_file, items) if f is not None)
 
     try:
-        items = call(
-            settings,
-            f"the file list of {repo_id}@{sha[:12]}",
-            lambda: list(_api(settings).list_repo_tree(repo_id, path_in_repo="build", repo_type=repo_type, revision=sha, recursive=True)),
-        )
+        files = call(settings, f"the file list of {repo_id}@{sha[:12]}", listing)
     except HubRepoMissing:
         return []
-    files = []
-    for item in items:
-        if not isinstance(item, RepoFile):
-            continue
-        if "/__pycache__/" in item.path or item.path.endswith((".pyc", ".pyo")):
-            continue
-        lfs = getattr(item, "lfs", None)
-        lfs_sha = getattr(lfs, "sha256", None) or (lfs.get("sha256") if isinstance(lfs, dict) else None)
-        size = getattr(lfs, "size", None) or (lfs.get("size") if isinstance(lfs, dict) else None) or item.size
-        files.append(RemoteFile(item.path, int(size), lfs_sha, item.blob_id))
-    return sorted(files)
+    with _listings_lock:
+        if len(_listings) >= _LISTINGS_KEPT:
+            _listings.pop(next(iter(_listings)))
+        _listings[key] = files
+    return list(files)
 
 
 def variants_of(files: list[RemoteFile]) -> list[str]:
@@ -452,9 +629,28 @@ def read_metadata(repo_id: str, repo_type: str, sha: str, variant: str, cache_di
     except OSError as exc:
         if not (is_read_only(exc) or is_disk_full(exc)):
             raise
-        # A read-only (shared) or full cache: fetch this small file into a throwaway folder instead.
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="kernel-loader-meta-") as tmp:
-            return read_metadata(repo_id, repo_type, sha, variant, Path(tmp), settings)
+        # A read-only (shared) or full cache: read this small file without storing it.
+        return fetch_metadata(repo_id, repo_type, sha, variant, settings)
     return metadata.variant_metadata(path.parent)
+
+
+def fetch_metadata(repo_id: str, repo_type: str, sha: str, variant: str, settings: HubSettings) -> dict | None:
+    """Parse ``build/<variant>/metadata.json`` of ``sha`` read straight from the Hub; nothing is written.
+
+    For explanations (``explain``, ``variants``, ``info``): one GET, and none for a variant whose
+    metadata.json the file listing does not have. None when absent.
+
+    Raises:
+        HubUnreachable: the Hub cannot be reached.
+        KernelMetadataError: the file is malformed or too large (see :mod:`kernel_loader.metadata`).
+    """
+    path = f"build/{variant}/metadata.json"
+    where = f"{repo_id}@{sha[:12]}/{path}"
+    if path not in {f.path for f in list_files(repo_id, repo_type, sha, settings)}:
+        return None
+    url = _file_url(settings, repo_type, repo_id, sha, path)
+    try:
+        raw = call(settings, where, lambda: _get_capped(settings, url, metadata.MAX_METADATA_BYTES))
+    except HubRepoMissing:
+        return None
+    return metadata.parse_metadata(raw, where).to_json()
