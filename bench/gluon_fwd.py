@@ -2,8 +2,7 @@
 
 ``gluon`` is the shipped warp-specialised kernel (``_gluon_fwd``: a producer warp, two consumer
 warpgroups of 64 query rows each) at its shipped tile; the other ``gluon_…`` columns are
-(BLOCK_N, STAGES) tiles or launch orders tried beside it (``heavy_first``: the longest causal row
-blocks of every head launched first). First checks each of them (fresh random inputs,
+(BLOCK_N, STAGES) tiles tried beside it. First checks each of them (fresh random inputs,
 recycled-NaN output memory, float64 reference): out and lse on ragged lengths,
 seqlen_q != seqlen_k (bottom-right causal), rows with no key, GQA, transformers' ``[B, H, S, D]``
 view; then the gradients of ``flash_attn_func`` with the dispatched Gluon forward under the Triton
@@ -31,9 +30,9 @@ TOKENS = 16384
 
 # name -> gluon_attention_forward keyword arguments, per head_dim; "gluon" is the shipped tile
 KERNELS = {
-    64: {"gluon": {}, "gluon_heavy_first": dict(heavy_first=True)},
-    128: {"gluon": {}, "gluon_heavy_first": dict(heavy_first=True), "gluon_n64s4": dict(tile=(64, 4))},
-    256: {"gluon": {}, "gluon_heavy_first": dict(heavy_first=True)},
+    64: {"gluon": {}, "gluon_n128s2": dict(tile=(128, 2))},
+    128: {"gluon": {}, "gluon_n64s4": dict(tile=(64, 4))},
+    256: {"gluon": {}},
 }
 
 
@@ -177,7 +176,11 @@ def timing(gf, fwd) -> list:
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--kernels", help="comma-separated kernel names to keep (default: all of KERNELS)")
+    parser.add_argument("--head-dims", help="comma-separated head dims to check and time (default: 64,128,256)")
     args = parser.parse_args()
+    if args.head_dims:
+        global HEAD_DIMS
+        HEAD_DIMS = tuple(int(d) for d in args.head_dims.split(","))
     if args.kernels:
         keep = set(args.kernels.split(","))
         for d in HEAD_DIMS:

@@ -224,6 +224,9 @@ def check_path(value: object, name: str) -> None:
 
     if not isinstance(value, (str, os.PathLike)) or (isinstance(value, str) and not value):
         raise InvalidArgumentError(f"{name}={value!r} is not a path: give a non-empty str or pathlib.Path")
+    raw = os.fspath(value)
+    if ("\x00" if isinstance(raw, str) else b"\x00") in raw:  # the OS would refuse it with ValueError
+        raise InvalidArgumentError(f"{name}={value!r} is not a path: it holds a NUL character")
 
 
 def version_branch(name: str) -> int | None:

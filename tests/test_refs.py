@@ -199,3 +199,12 @@ def test_any_arguments_raise_only_our_errors(empty_offline, repo_id, revision, v
             call()
         except KernelLoaderError:
             pass
+
+
+def test_a_path_with_a_nul_character_is_refused_before_the_filesystem():
+    from kernel_loader import loader
+    from kernel_loader.errors import InvalidArgumentError
+
+    for bad in ("\x00", "kernels/\x00x"):
+        with pytest.raises(InvalidArgumentError, match="NUL"):
+            loader.get_local_kernel(bad)

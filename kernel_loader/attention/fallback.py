@@ -240,7 +240,7 @@ def resolve_flash_chain(name: str, *, refresh: bool = False) -> FallbackOutcome:
         skipped = "; ".join(f"{s.option}: {s.reason}" for s in outcome.steps[: outcome.chosen])
         warnings.warn(
             f"{name} uses {outcome.steps[outcome.chosen].option} ({outcome.steps[outcome.chosen].reason}) because "
-            f"{skipped}. Run `kernel-loader explain {name}` for the whole chain.",
+            f"{skipped.rstrip('.')}. Run `kernel-loader explain {name}` for the whole chain.",
             UserWarning,
             stacklevel=3,
         )

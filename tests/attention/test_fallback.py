@@ -62,6 +62,8 @@ def test_offline_without_flash_attn_uses_shipped_kernel(offline_hub, caplog):
     assert "HF_HUB_OFFLINE" in outcome.steps[1].reason
     assert "shipped copy of kernels-community/flash-attn2" in outcome.steps[2].reason
     assert len([r for r in record if "flash_attention_2 uses" in str(r.message)]) == 1
+    message = next(str(r.message) for r in record if "flash_attention_2 uses" in str(r.message))
+    assert ".." not in message and message.endswith("for the whole chain.")
     logged = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(logged) == 3 and "step 1" in logged[0] and "(used)" in logged[2]
 

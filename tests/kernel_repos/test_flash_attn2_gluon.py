@@ -152,8 +152,7 @@ fn = gf._gluon_attn_fwd
 names = list(fn.arg_names)
 types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(gf.ROWS),
              lse_ptr="*fp32", qk_scale="fp32")
-constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
-                 HEAVY_FIRST=causal)
+constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1])
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
 source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
 sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32),

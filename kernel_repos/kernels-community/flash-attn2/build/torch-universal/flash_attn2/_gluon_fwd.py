@@ -33,7 +33,7 @@ Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3'
 Measured and not kept (``bench/NOTES.md``, ``bench/results/gluon_fwd.md``): one partition of
 two warpgroups that issue their own copies behind a CTA barrier per step (0.84-0.88x this
 kernel); FlashAttention-3's ping-pong turns between the consumers (within +-3 %, no clear
-gain); at head_dim 64 this kernel is slower than the Triton forward, which keeps that head dim.
+gain); launching the longest causal row blocks first (slower at 1k and 4k); at head_dim 64 this kernel is slower than the Triton forward, which keeps that head dim.
 """
 
 from __future__ import annotations
@@ -74,8 +74,6 @@ ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
 # warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
 # default partition (the first consumer) gets what maxnreg leaves, 240
 REGS = (240, 24, 168)
-# causal launch order: the longest row blocks first (see _gluon_attn_fwd); off until measured
-HEAVY_FIRST = False
 
 
 @gluon.jit
@@ -232,7 +230,7 @@ def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
                     seqlen_q, seqlen_k, heads, group, qk_scale,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HEAVY_FIRST: gl.constexpr):
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -240,14 +238,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    if HEAVY_FIRST:
-        # grid (B*H, m blocks), walked with the last (longest, under a causal mask) row block of
-        # every head first, so the short ones fill the last wave
-        bh = gl.program_id(0)
-        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-    else:
-        pid_m = gl.program_id(0)
-        bh = gl.program_id(1)
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
     b = bh // heads
     h = bh % heads
     hk = h // group
@@ -325,12 +317,10 @@ def gluon_attention_forward(
     causal: bool,
     store_lse: bool = True,
     tile: Optional[Tuple[int, int]] = None,
-    heavy_first: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
-    ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES`, ``heavy_first`` the launch order
-    (default :data:`HEAVY_FIRST` for causal calls; benchmarks). Raises what Triton raises on
+    ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES` (benchmarks). Raises what Triton raises on
     compile errors.
     """
     batch, seqlen_q, heads, head_dim = q.shape
@@ -340,15 +330,13 @@ def gluon_attention_forward(
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    heavy = bool(causal) and HEAVY_FIRST if heavy_first is None else bool(heavy_first)
-    m_blocks = triton.cdiv(seqlen_q, 2 * ROWS)
-    grid = (batch * heads, m_blocks) if heavy else (m_blocks, batch * heads)
+    grid = (triton.cdiv(seqlen_q, 2 * ROWS), batch * heads)
     _gluon_attn_fwd[grid](
         _descriptor(q, ROWS, head_dim), _descriptor(k, block_n, head_dim), _descriptor(v, block_n, head_dim),
         _descriptor(out, ROWS, head_dim), lse if store_lse else out,
         lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
         seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
         CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, CONSUMER_REGS=REGS[0],
-        PRODUCER_REGS=REGS[1], HEAVY_FIRST=heavy, num_warps=4, maxnreg=REGS[2],
+        PRODUCER_REGS=REGS[1], num_warps=4, maxnreg=REGS[2],
     )
     return out, lse
