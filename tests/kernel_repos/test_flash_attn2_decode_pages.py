@@ -76,3 +76,29 @@ def test_preloaded_and_per_key_page_lookups_agree(monkeypatch, splits, window):
         scores = (q[b, 0].float()[:, None, :] @ kk.transpose(1, 2)) * D ** -0.5
         ref = (scores.softmax(-1) @ vv)[:, 0]
         assert rel_err(pre_out[b, 0], ref) < 3e-3
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["preloaded", "per-key"])
+def test_keys_on_unallocated_pages_are_left_out_never_read(monkeypatch, preload):
+    """A -1 block-table entry inside a row's length (a length only the device knows): the keys on
+    that page are left out of the attention and nothing is read through page -1."""
+    if not preload:
+        monkeypatch.setattr(decode, "PRELOAD_MAX", 0)
+    torch.manual_seed(3)
+    pages = 6
+    k_cache = torch.randn(pages, PAGE, 1, D, dtype=torch.float16)
+    v_cache = torch.randn(pages, PAGE, 1, D, dtype=torch.float16)
+    k_cache[-1] = float("nan")  # page -1 would wrap here
+    v_cache[-1] = float("nan")
+    table = torch.tensor([[2, -1, 4]], dtype=torch.int32)
+    lens = torch.tensor([3 * PAGE], dtype=torch.int32)
+    q = torch.randn(1, 1, 2, D, dtype=torch.float16)
+    out, _ = decode.decode_attention(
+        q, k_cache, v_cache, total_lens=lens, total_len_uniform=0, capacity=3 * PAGE,
+        block_table=table, batch_idx=None, leftpad=None, alibi_slopes=None,
+        softmax_scale=D ** -0.5, window_left=-1, window_right=-1, softcap=0.0)
+    assert torch.isfinite(out).all()
+    keys = torch.cat([k_cache[2], k_cache[4]]).float()[:, 0]  # [2 * PAGE, D]
+    vals = torch.cat([v_cache[2], v_cache[4]]).float()[:, 0]
+    ref = ((q[0, 0].float() @ keys.T) * D ** -0.5).softmax(-1) @ vals
+    assert rel_err(out[0, 0].float(), ref) < 3e-3

@@ -64,22 +64,26 @@ def _key_slice(pid_m, pid_split, seqlen_q, kv_len, shift, window_left, window_ri
 @triton.jit
 def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_ks, stride_vb, stride_vs,
              pages, first_page, PAGE_SIZE: tl.constexpr, PRELOAD: tl.constexpr):
-    """Element offsets of the K and V rows at cache positions ``pos``: through the row's block
-    table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``. With PRELOAD > 0 the page
-    numbers come from ``pages`` (the split's table entries from column ``first_page``, loaded
-    before the loop), so no load in the loop waits on another load."""
+    """Element offsets of the K and V rows at cache positions ``pos``, and which of them exist:
+    through the row's block table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``.
+    With PRELOAD > 0 the page numbers come from ``pages`` (the split's table entries from column
+    ``first_page``, loaded before the loop), so no load in the loop waits on another load. A
+    negative entry is a page not allocated (CUDA-graph padding): its keys are left out, never
+    read."""
     if PAGE_SIZE > 0:
         if PRELOAD > 0:
             col = tl.minimum(tl.maximum(pos // PAGE_SIZE - first_page, 0), PRELOAD - 1)
             page = tl.gather(pages, col, axis=0)
         else:
             page = tl.load(BLOCK_TABLE + b * stride_btb + pos // PAGE_SIZE, mask=n_ok, other=0)
+        n_ok = n_ok & (page >= 0)
+        page = tl.maximum(page, 0)
         k_row = page.to(tl.int64) * stride_kb + (pos % PAGE_SIZE) * stride_ks
         v_row = page.to(tl.int64) * stride_vb + (pos % PAGE_SIZE) * stride_vs
     else:
         k_row = cache_b * stride_kb + pos.to(tl.int64) * stride_ks
         v_row = cache_b * stride_vb + pos.to(tl.int64) * stride_vs
-    return k_row, v_row
+    return k_row, v_row, n_ok
 
 
 @triton.jit
@@ -198,8 +202,9 @@ def _split_kernel(
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        k_row, v_row = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
-                                stride_kb, stride_ks, stride_vb, stride_vs, pages, first_page, PAGE_SIZE, PRELOAD)
+        k_row, v_row, n_ok = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
+                                      stride_kb, stride_ks, stride_vb, stride_vs, pages, first_page, PAGE_SIZE,
+                                      PRELOAD)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
