@@ -372,7 +372,7 @@ def _worker(wid: int, jobs, results, load=None, runners=None) -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()  # inside: an asynchronous CUDA error belongs to this case
         except Exception as e:  # a crash is a failure of that case, recorded with its message
-            result = dict(passed=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-1500:])
+            result = dict(passed=False, error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-4000:])
         result.update(index=index, family=family, case=case, seconds=round(time.perf_counter() - start, 2))
         results.put(("done", wid, result))
         if any(p in result.get("error", "") for p in _POISONED):
@@ -456,7 +456,12 @@ def _where(result: dict) -> str:
     if not frames:
         return ""
     path, line, fn = frames[-1]
-    return f" (raised at {Path(path).name}:{line} in {fn})"
+    where = f" (raised at {Path(path).name}:{line} in {fn}"
+    # a launch helper says which kernel faulted only through its caller: name that too
+    callers = [f for f in frames if Path(f[0]).name != "_launch.py"]
+    if Path(path).name == "_launch.py" and callers:
+        where += ", launched from {}:{} in {}".format(Path(callers[-1][0]).name, *callers[-1][1:])
+    return where + ")"
 
 
 def main() -> None:

@@ -49,3 +49,13 @@ def test_a_failure_names_the_innermost_frame_of_the_kernel_package():
              'RuntimeError: CUDA error: misaligned address\n')
     assert flash_attn_tests._where(dict(trace=trace)) == " (raised at _triton_bwd.py:491 in launch)"
     assert flash_attn_tests._where(dict(error="x")) == ""
+
+
+def test_a_fault_in_the_launch_helper_also_names_the_kernel_that_launched():
+    trace = ('Traceback (most recent call last):\n'
+             '  File "/r/kernel_repos/x/flash_attn2/_autograd.py", line 80, in forward\n'
+             '  File "/r/kernel_repos/x/flash_attn2/_triton_fwd.py", line 424, in attention_forward\n'
+             '  File "/r/kernel_repos/x/flash_attn2/_launch.py", line 191, in __call__\n'
+             'RuntimeError: Triton Error [CUDA]: misaligned address\n')
+    assert flash_attn_tests._where(dict(trace=trace)) == (
+        " (raised at _launch.py:191 in __call__, launched from _triton_fwd.py:424 in attention_forward)")
