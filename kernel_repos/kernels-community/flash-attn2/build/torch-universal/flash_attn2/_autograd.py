@@ -97,10 +97,11 @@ def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
     if not (plain and _gluon_dispatch.gluon_available()):
         return False
     from ._gluon_fwd import supports
+    from ._triton_fwd import capability_of
 
-    return _gluon_dispatch.wants_gluon(torch.cuda.get_device_capability(q.device), True, q.shape[-1],
-                                       opts["causal"], q.shape[1], plain, q.dtype == torch.bfloat16,
-                                       supports(q, k, v))
+    # the layout check last: it reads every stride, and most calls are decided before it
+    return _gluon_dispatch.wants_gluon(capability_of(q.device), True, q.shape[-1], opts["causal"], q.shape[1],
+                                       plain, q.dtype == torch.bfloat16, True) and supports(q, k, v)
 
 
 _attention_forward = None

@@ -38,6 +38,7 @@ gain); launching the longest causal row blocks first (slower at 1k and 4k); at h
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -302,10 +303,14 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(rows: int, head_dim: int) -> gl.NVMMASharedLayout:
+    # asked four times per forward call: computed once per tile shape
+    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], gl.bfloat16)
+
+
 def _descriptor(t: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
-    block = [1, rows, 1, head_dim]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim], _shared_layout(rows, head_dim))
 
 
 def gluon_attention_forward(
