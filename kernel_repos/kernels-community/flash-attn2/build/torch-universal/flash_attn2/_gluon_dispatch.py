@@ -16,7 +16,8 @@ from typing import Mapping, Optional, Tuple
 
 # (head_dim, causal) -> the fewest query tokens per sequence from which the Gluon forward
 # measured faster than the Triton forward on the H200 (1k/4k/16k rows, bench/results/gluon_fwd.md:
-# 1.08-1.36x at head_dim 128, 1.24-1.44x at 256). head_dim 64 is absent: 0.70-0.97x there.
+# 1.02-1.30x at head_dim 128, 1.24-1.36x at 256). head_dim 64 is absent: 0.70-0.97x there
+# (bench/NOTES.md).
 MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
     (128, False): 0,
     (128, True): 0,
