@@ -68,6 +68,8 @@ def configurations(F, B, D) -> dict:
     fwd_base = dict(IS_VARLEN=False, HAS_SEQUSED=False, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                     HAS_DROPOUT=False, EVEN_D=True, EVEN_N=True, MERGE_DIAG=False, ORDER=0, STORE_LSE=True,
                     BLOCK_M=128, BLOCK_N=64, BLOCK_D=128)
+    if "WIDE" in F._fwd_kernel.arg_names:  # 64-bit row offsets (newer packages): the default is off
+        fwd_base["WIDE"] = False
     cases = {
         "fwd_d128": (F._fwd_kernel, fwd_base, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 3),
         "fwd_d128_causal_merge": (F._fwd_kernel, {**fwd_base, "HAS_RIGHT": True, "MERGE_DIAG": True, "ORDER": 1, "BLOCK_M": 64, "STORE_LSE": False}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 4, 3),
@@ -77,6 +79,8 @@ def configurations(F, B, D) -> dict:
     }
     bwd_base = dict(IS_VARLEN=False, HAS_SEQUSED=False, HAS_LEFT=False, HAS_RIGHT=False, HAS_SOFTCAP=False, HAS_ALIBI=False,
                     HAS_DROPOUT=False, EVEN_D=True)
+    if "WIDE" in B._bwd_dq_kernel.arg_names:
+        bwd_base["WIDE"] = False
     cases.update({
         "dkdv_d128_keys": (B._bwd_dkdv_kernel, {**bwd_base, "HAS_RIGHT": True, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_D": 128, "KEYS_AS_ROWS": True, "TWO_PASS": False}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 3),
         "dkdv_d256_2pass": (B._bwd_dkdv_kernel, {**bwd_base, "BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_D": 256, "KEYS_AS_ROWS": True, "TWO_PASS": True}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 2),

@@ -27,9 +27,11 @@ from ._triton_tile import (
     _key_range,
     _load_tile,
     _query_range,
+    _row_offsets,
     _scores,
     _seq_bounds,
     _tanh,
+    needs_wide_offsets,
 )
 
 
@@ -70,7 +72,7 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                     MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
-                    KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
+                    KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr, WIDE: tl.constexpr):
     """Add query blocks [start, end) of one query head to ``grads = (dk, dv)`` of one key block.
 
     ``rows = (q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm)`` point at
@@ -83,17 +85,17 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
     offs_mb = tl.arange(0, BLOCK_M)
     for m0 in range(start, end, BLOCK_M):
         offs_m = m0 + offs_mb
-        q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], offs_m, seqlen_q,
+        q = _load_tile(q_base + _row_offsets(offs_m[:, None], stride_qm, WIDE) + offs_d[None, :], offs_m, seqlen_q,
                        offs_d, head_dim, MASKED, EVEN_D)
-        do = _load_tile(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], offs_m, seqlen_q,
+        do = _load_tile(do_base + _row_offsets(offs_m[:, None], stride_dom, WIDE) + offs_d[None, :], offs_m, seqlen_q,
                         offs_d, head_dim, MASKED, EVEN_D)
         if MASKED:
             row_ok = offs_m < seqlen_q
-            lse2 = tl.load(lse_base + offs_m * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
-            delta = tl.load(delta_base + offs_m * stride_lm, mask=row_ok, other=0.0)
+            lse2 = tl.load(lse_base + _row_offsets(offs_m, stride_lm, WIDE), mask=row_ok, other=float("inf")) * 1.4426950408889634
+            delta = tl.load(delta_base + _row_offsets(offs_m, stride_lm, WIDE), mask=row_ok, other=0.0)
         else:
-            lse2 = tl.load(lse_base + offs_m * stride_lm) * 1.4426950408889634
-            delta = tl.load(delta_base + offs_m * stride_lm)
+            lse2 = tl.load(lse_base + _row_offsets(offs_m, stride_lm, WIDE)) * 1.4426950408889634
+            delta = tl.load(delta_base + _row_offsets(offs_m, stride_lm, WIDE))
         if KEYS_AS_ROWS:
             # Tiles are [keys, queries]: dK and dV accumulate with no transpose, but k and v
             # must live in registers as the left operand.
@@ -154,7 +156,7 @@ def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_star
                     ranges, seqlen_q, head_dim, win, sc3, rng3,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr):
+                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr, WIDE: tl.constexpr):
     """Accumulate ``grads = (dk, dv)`` of one key block over the query heads of its GQA group.
 
     ``ins = (Q, DO, Lse, Delta, Alibi)``; ``strides`` their (batch, token, head) strides and the
@@ -181,13 +183,13 @@ def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_star
         # masked blocks before the bulk (right window / causal edge), the bulk, masked after
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, lo, flo, seqlen_q, head_dim, win,
                                 sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, flo, fhi, seqlen_q, head_dim, win,
                                 sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                False, BLOCK_M, KEYS_AS_ROWS, WANT)
+                                False, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, fhi, hi, seqlen_q, head_dim, win,
                                 sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                True, BLOCK_M, KEYS_AS_ROWS, WANT)
+                                True, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE)
     return grads
 
 
@@ -209,7 +211,7 @@ def _bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    KEYS_AS_ROWS: tl.constexpr, TWO_PASS: tl.constexpr,
+    KEYS_AS_ROWS: tl.constexpr, TWO_PASS: tl.constexpr, WIDE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -250,18 +252,18 @@ def _bwd_dkdv_kernel(
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (False, True))
+                                BLOCK_M, KEYS_AS_ROWS, (False, True), WIDE)
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (True, False))
+                                BLOCK_M, KEYS_AS_ROWS, (True, False), WIDE)
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     else:
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
                                 offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (True, True))
+                                BLOCK_M, KEYS_AS_ROWS, (True, True), WIDE)
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
 
@@ -270,7 +272,7 @@ def _bwd_dkdv_kernel(
 def _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, start, end, head_dim, win, sc, rng,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-                  MASKED: tl.constexpr, BLOCK_N: tl.constexpr):
+                  MASKED: tl.constexpr, WIDE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Add key blocks [start, end) to ``dq``; ``rows = (q, do, lse2, delta)`` of the row block,
     ``kv = (k_base, v_base, stride_kn, stride_vn)``."""
     q, do, lse2, delta = rows
@@ -279,9 +281,9 @@ def _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, start, end, head_dim, win, sc, r
     offs_nb = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + offs_nb
-        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k,
+        k = _load_tile(k_base + _row_offsets(offs_n[:, None], stride_kn, WIDE) + offs_d[None, :], offs_n, seqlen_k,
                        offs_d, head_dim, MASKED, EVEN_D)
-        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k,
+        v = _load_tile(v_base + _row_offsets(offs_n[:, None], stride_vn, WIDE) + offs_d[None, :], offs_n, seqlen_k,
                        offs_d, head_dim, MASKED, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
         s = _scores(qk, offs_m, offs_n, win[1], sc, HAS_SOFTCAP, HAS_ALIBI)
@@ -315,7 +317,7 @@ def _bwd_dq_kernel(
     IS_VARLEN: tl.constexpr, HAS_SEQUSED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-    REVERSE: tl.constexpr,
+    REVERSE: tl.constexpr, WIDE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -362,11 +364,11 @@ def _bwd_dq_kernel(
                                   BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end
     dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, lo, flo, head_dim, win, sc, rng,
-                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, BLOCK_N)
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, WIDE, BLOCK_N)
     dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, flo, fhi, head_dim, win, sc, rng,
-                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, False, BLOCK_N)
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, False, WIDE, BLOCK_N)
     dq = _bwd_dq_inner(dq, rows, kv, offs_m, offs_d, fhi, hi, head_dim, win, sc, rng,
-                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, BLOCK_N)
+                       HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, True, WIDE, BLOCK_N)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + h64 * stride_dqh + qrow[:, None] * stride_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=ld_mask)
@@ -471,15 +473,17 @@ def attention_backward(
                *_strides3(dq, varlen), *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
+    row = 0 if varlen else 1
+    wide = needs_wide_offsets((q, row), (k, row), (v, row), (do, row), (dq, row), (dk, row), (dv, row))
 
     def launches(cfg) -> list:
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
         return [
             delta_launch,
             (_DKDV, ((sk_max + bn_ - 1) // bn_, batch * hk, 1), dkdv_args,
-             flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass")), w_, s_),
+             flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass"), wide), w_, s_),
             (_DQ, ((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
-             flags + (right >= 0, bm2, bn2, block_d), w2, s2),
+             flags + (right >= 0, wide, bm2, bn2, block_d), w2, s2),
         ]
 
     def launch(cfg):

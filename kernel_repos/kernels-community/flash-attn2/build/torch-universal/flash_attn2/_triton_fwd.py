@@ -38,7 +38,8 @@ import triton.language as tl
 
 from . import _configs
 from ._launch import Launcher
-from ._triton_tile import _allowed, _dropout_keep, _key_range, _load_tile, _scores, _seq_bounds
+from ._triton_tile import (_allowed, _dropout_keep, _key_range, _load_tile, _row_offsets, _scores, _seq_bounds,
+                           needs_wide_offsets)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -89,7 +90,7 @@ def _masked(x, n0, mask_from, offs_m, offs_n, win, HAS_LEFT: tl.constexpr, HAS_R
 def _fwd_inner(state, q, kv, offs_m, offs_d, blocks, head_dim, win, sc, rng,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-               MASKED: tl.constexpr, EVEN_N: tl.constexpr, BLOCK_N: tl.constexpr):
+               MASKED: tl.constexpr, EVEN_N: tl.constexpr, WIDE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Online softmax over key blocks ``blocks = (start, end, mask_from)``; ``state = (acc, l_i,
     m_i)``, ``kv = (k_base, v_base, stride_kn, stride_vn)``, the other tuples as in _triton_tile.
 
@@ -105,7 +106,7 @@ def _fwd_inner(state, q, kv, offs_m, offs_d, blocks, head_dim, win, sc, rng,
     offs_nb = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + offs_nb
-        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, seqlen_k,
+        k = _load_tile(k_base + _row_offsets(offs_n[:, None], stride_kn, WIDE) + offs_d[None, :], offs_n, seqlen_k,
                        offs_d, head_dim, ROW_MASK, EVEN_D)
         qk = tl.dot(q, tl.trans(k))
         if HAS_SOFTCAP or HAS_ALIBI:
@@ -129,7 +130,7 @@ def _fwd_inner(state, q, kv, offs_m, offs_d, blocks, head_dim, win, sc, rng,
         acc = acc * alpha[:, None]
         if HAS_DROPOUT:
             p = tl.where(_dropout_keep(rng, offs_m, offs_n), p, 0.0)
-        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], offs_n, seqlen_k,
+        v = _load_tile(v_base + _row_offsets(offs_n[:, None], stride_vn, WIDE) + offs_d[None, :], offs_n, seqlen_k,
                        offs_d, head_dim, ROW_MASK, EVEN_D)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
@@ -152,7 +153,7 @@ def _fwd_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_N: tl.constexpr, MERGE_DIAG: tl.constexpr, ORDER: tl.constexpr, STORE_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # ORDER picks which program the GPU starts first (it dispatches in grid order, x fastest);
     # see ``_row_order`` on the host.
@@ -184,7 +185,7 @@ def _fwd_kernel(
     q_mask = offs_m[:, None] < seqlen_q
     if not EVEN_D:
         q_mask = q_mask & (offs_d[None, :] < head_dim)
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
+    q = tl.load(q_base + _row_offsets(offs_m[:, None], stride_qm, WIDE) + offs_d[None, :], mask=q_mask, other=0.0)
 
     slope2 = 0.0
     if HAS_ALIBI:
@@ -201,19 +202,19 @@ def _fwd_kernel(
     # Masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end.
     state = _fwd_inner(state, q, kv, offs_m, offs_d, (lo, flo, flo), head_dim, win, sc, rng,
                        HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                       MASK_ALL, EVEN_N, BLOCK_N)
+                       MASK_ALL, EVEN_N, WIDE, BLOCK_N)
     if MERGE_DIAG:
         # blocks from fhi on are masked
         state = _fwd_inner(state, q, kv, offs_m, offs_d, (flo, hi, fhi), head_dim, win, sc, rng,
                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                           MASK_FROM, EVEN_N, BLOCK_N)
+                           MASK_FROM, EVEN_N, WIDE, BLOCK_N)
     else:
         state = _fwd_inner(state, q, kv, offs_m, offs_d, (flo, fhi, fhi), head_dim, win, sc, rng,
                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                           MASK_NONE, EVEN_N, BLOCK_N)
+                           MASK_NONE, EVEN_N, WIDE, BLOCK_N)
         state = _fwd_inner(state, q, kv, offs_m, offs_d, (fhi, hi, fhi), head_dim, win, sc, rng,
                            HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                           MASK_ALL, EVEN_N, BLOCK_N)
+                           MASK_ALL, EVEN_N, WIDE, BLOCK_N)
     acc, l_i, m_i = state
 
     empty = l_i == 0.0
@@ -224,11 +225,11 @@ def _fwd_kernel(
     lse = tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
 
     o_base = Out + b64 * stride_ob + h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_om
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], out.to(Out.dtype.element_ty),
+    tl.store(o_base + _row_offsets(offs_m[:, None], stride_om, WIDE) + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=q_mask)
     if STORE_LSE:
         l_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
-        tl.store(l_base + offs_m * stride_lm, lse, mask=offs_m < seqlen_q)
+        tl.store(l_base + _row_offsets(offs_m, stride_lm, WIDE), lse, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -405,6 +406,8 @@ def attention_forward(
     )
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
+    row = 0 if varlen else 1
+    wide = needs_wide_offsets((q, row), (k, row), (v, row), (out, row))
 
     programs_bh = batch * hq
     chunk = programs_bh
@@ -421,7 +424,7 @@ def attention_forward(
         # EVEN_N: every key block ends inside every sequence (dense keys only: varlen and seqused
         # lengths vary per row)
         even_n = not varlen and seqused_k is None and sk_max % bn_ == 0
-        _FWD(grid, args, flags + (even_n, merge, order, store_lse, bm_, bn_, block_d), w_, s_)
+        _FWD(grid, args, flags + (even_n, merge, order, store_lse, wide, bm_, bn_, block_d), w_, s_)
 
     merge = _one_loop(right >= 0, sk_max) if merge_diag is None else right >= 0 and bool(merge_diag)
     shipped = None if config is not None else _configs.pick_fwd(cap, block_d, right >= 0, hq // hk, sk_max)

@@ -5,7 +5,8 @@
   (dK/dV) visits, and the part of them that needs no mask;
 * ``_scores``, ``_allowed``, ``_dropout_keep``: the score transform, the causal/window/end mask
   and dropout's keep mask of a tile;
-* ``_load_tile``: a ``[rows, BLOCK_D]`` load masked only where the shape needs it.
+* ``_load_tile``: a ``[rows, BLOCK_D]`` load masked only where the shape needs it;
+* ``_row_offsets``: row index times row stride, in 64 bits where a tensor needs it (``WIDE``).
 
 Arguments travel in small tuples so the inner loops keep short signatures (Triton flattens them;
 the compiled code is the same as with separate arguments):
@@ -24,6 +25,21 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+_INT32_SPAN = 2**31
+
+
+def needs_wide_offsets(*rows: tuple) -> bool:
+    """Whether a row offset (row index times row stride) inside one of these tensors can pass
+    2**31 elements; ``rows`` are ``(tensor, row_dim)`` pairs (``None`` tensors are skipped).
+
+    Conservative (row count times stride): a view whose last row ends just below the limit may
+    take the 64-bit variant too, which is only a little slower.
+    """
+    for t, dim in rows:
+        if t is not None and t.shape[dim] * t.stride(dim) >= _INT32_SPAN:
+            return True
+    return False
 
 
 @triton.jit
@@ -122,6 +138,19 @@ def _load_tile(ptrs, offs_r, n_rows, offs_d, head_dim, ROW_MASK: tl.constexpr, E
     else:
         x = tl.load(ptrs, mask=offs_d[None, :] < head_dim, other=0.0)
     return x
+
+
+@triton.jit
+def _row_offsets(offs, stride, WIDE: tl.constexpr):
+    """``offs * stride``, the element offset of each row from the row block's base pointer.
+
+    32-bit products are what the kernels compile to by default; they wrap past 2**31 elements
+    (a row stride of 256 reaches that at 8.4M rows: transformers' continuous batching hands a
+    whole paged cache as one sequence). ``WIDE`` (host: :func:`needs_wide_offsets`) computes them
+    in 64 bits; only tensors that large compile that variant."""
+    if WIDE:
+        offs = offs.to(tl.int64)
+    return offs * stride
 
 
 @triton.jit
