@@ -1,0 +1,29 @@
+"""Every test of the shipped kernels runs with its interpreted launches bounds-checked.
+
+Under ``TRITON_INTERPRET=1`` each load and store of a Triton kernel must stay inside the buffers
+of that launch's tensor arguments (``interpreter_bounds``): a test that passes on its numbers
+would still fail on a read past a tensor's end, which a GPU run can turn into a fault or a
+silent read of a neighbouring tensor. Tests that need the unchecked interpreter mark themselves
+``@pytest.mark.unchecked_bounds``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from interpreter_bounds import within_arguments
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unchecked_bounds: run without the interpreter's bounds checks")
+
+
+@pytest.fixture(autouse=True)
+def _bounds_checked(request):
+    if os.environ.get("TRITON_INTERPRET") != "1" or request.node.get_closest_marker("unchecked_bounds"):
+        yield None
+        return
+    with within_arguments() as seen:
+        yield seen
