@@ -19,7 +19,9 @@ kernel) and uses its native FlashAttention code paths; nothing of transformers i
    CUDA context unusable): 3 rounds, round 0 a warm-up that also records the padded inputs the
    kernel receives; tokens/s with and without transformers' warm-up (graph capture) time, and the
    tokens compared with our graphs-off run. On a failure the child runs again with
-   CUDA_LAUNCH_BLOCKING=1 and both outputs' last lines go into the results.
+   CUDA_LAUNCH_BLOCKING=1 and both outputs' last lines go into the results; then once more with
+   every flash call traced and synchronized, and the arguments of the call that faulted (shapes,
+   strides, buffer sizes, small integer tensors' values) go in too.
 
     PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR [--commit=SHA]   # on the GPU machine
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/generate_batch.py OUT_DIR --smoke   # CPU, tiny
@@ -315,6 +317,11 @@ def _markdown(res: dict[str, Any]) -> str:
             lines += ["CUDA graphs on, the failure (last lines; then a re-run with CUDA_LAUNCH_BLOCKING=1):", "",
                       "```", default.get("output_tail", ""), "---", default.get("with_CUDA_LAUNCH_BLOCKING=1", ""),
                       "```", ""]
+            if default.get("faulting_call"):
+                call = default["faulting_call"]
+                lines += [f"The flash call that faulted (a third run with every call synchronized): call "
+                          f"{call['call']}, `{call['kind']}`, arguments:", "", "```json",
+                          json.dumps(call["arguments"], indent=1)[:6000], "```", ""]
     lines += ["## Forward, bf16, left-padded batch (2-layer models: times are mostly launch overhead)", "", "| model | reference | max abs err | within 4e-2 | ours ms | reference ms |",
               "|---|---|---|---|---|---|"]
     for name, row in res.get("forward", {}).items():
@@ -395,7 +402,70 @@ def _padding_probe(torch: Any, seen: dict[str, Any], enabled: list[bool]) -> Non
     kernel.flash_attn_varlen_func = wrap(kernel.flash_attn_varlen_func, "varlen")
 
 
-def graphs_child(out: Path, smoke: bool, rounds: int) -> int:
+def _describe(torch: Any, value: Any, capturing: bool) -> Any:
+    """A JSON-able account of one argument: a tensor's shape, strides, dtype, buffer size and,
+    for small integer tensors outside a graph capture, its values."""
+    if isinstance(value, torch.Tensor):
+        info: dict[str, Any] = {"shape": list(value.shape), "stride": list(value.stride()),
+                                "dtype": str(value.dtype).replace("torch.", ""),
+                                "buffer_bytes": value.untyped_storage().nbytes(), "offset": value.storage_offset()}
+        if not capturing and not value.is_floating_point() and value.numel() <= 4096:
+            values = value.flatten().tolist()
+            info["values"] = values if len(values) <= 64 else values[:32] + ["..."] + values[-32:]
+        return info
+    return value if isinstance(value, (int, float, bool, str, type(None))) else repr(value)[:60]
+
+
+def _trace_calls(torch: Any, path: Path) -> None:
+    """Write each flash call's arguments to ``path`` (one JSON line), synchronizing before and
+    after every call outside a graph capture, so after a fault the last line without a
+    following "ok" line is the call that faulted."""
+    import functools
+    import inspect
+
+    from kernel_loader.attention.fallback import flash_chain_kernel
+
+    kernel = flash_chain_kernel("flash_attention_2")
+    log = path.open("a", buffering=1)
+    count = [0]
+
+    def wrap(fn: Any, kind: str) -> Any:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+            if not capturing:
+                _sync("cuda" if torch.cuda.is_available() else "cpu")
+            arguments = {k: _describe(torch, v, capturing) for k, v in signature.bind(*args, **kwargs).arguments.items()}
+            log.write(json.dumps({"call": count[0], "kind": kind, "capturing": capturing, "arguments": arguments}) + "\n")
+            result = fn(*args, **kwargs)
+            if not capturing:
+                _sync("cuda" if torch.cuda.is_available() else "cpu")
+                log.write(json.dumps({"ok": count[0]}) + "\n")
+            return result
+
+        return traced
+
+    kernel.flash_attn_with_kvcache = wrap(kernel.flash_attn_with_kvcache, "flash_attn_with_kvcache")
+    kernel.flash_attn_varlen_func = wrap(kernel.flash_attn_varlen_func, "flash_attn_varlen_func")
+
+
+def _faulting_call(path: Path) -> dict[str, Any] | None:
+    """The last traced call that has no "ok" line after it (see :func:`_trace_calls`)."""
+    last = None
+    if path.exists():
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if "call" in entry:
+                last = entry
+            elif last is not None and entry.get("ok") == last["call"]:
+                last = None
+    return last
+
+
+def graphs_child(out: Path, smoke: bool, rounds: int, trace: Path | None = None) -> int:
     """The row 'transformers' default configuration (CUDA graphs on)', in its own process: a
     failed capture can leave the CUDA context unusable. Writes ``out/graphs.json``."""
     torch, transformers, device, dtype = _setup(smoke)
@@ -421,6 +491,8 @@ def graphs_child(out: Path, smoke: bool, rounds: int) -> int:
     seen: dict[str, Any] = {}
     probing = [True]
     _padding_probe(torch, seen, probing)
+    if trace is not None:
+        _trace_calls(torch, trace)
     result: dict[str, Any] = {"rounds": []}
     for rnd in range(rounds):
         probing[0] = rnd == 0  # the probe's reads cost host syncs: only in the warm-up round
@@ -443,13 +515,19 @@ def _graphs_row(out: Path, smoke: bool, reference: dict[str, list[list[int]]]) -
     before capturing it)."""
     import tempfile
 
-    def attempt(env: dict[str, str], rounds: int) -> tuple[dict[str, Any] | None, str, int]:
+    faulting: list[Any] = [None]
+
+    def attempt(env: dict[str, str], rounds: int, trace: bool = False) -> tuple[dict[str, Any] | None, str, int]:
         with tempfile.TemporaryDirectory() as tmp:
             cmd = [sys.executable, str(Path(__file__).resolve()), tmp, "--graphs-child", f"--rounds={rounds}"]
+            if trace:
+                cmd.append(f"--trace-calls={Path(tmp) / 'calls.jsonl'}")
             proc = subprocess.run(cmd + (["--smoke"] if smoke else []), capture_output=True, text=True, env=env,
                                   timeout=900, cwd=REPO_ROOT)
             path = Path(tmp) / "graphs.json"
             data = json.loads(path.read_text()) if proc.returncode == 0 and path.exists() else None
+            if trace:
+                faulting[0] = _faulting_call(Path(tmp) / "calls.jsonl")
         # an abort's C++ backtrace ("frame #N: ...") would push the message out of the tail
         lines = [line for line in (proc.stdout + proc.stderr).strip().splitlines() if not line.startswith("frame #")]
         tail = "\n".join(lines[-40:])
@@ -463,6 +541,9 @@ def _graphs_row(out: Path, smoke: bool, reference: dict[str, list[list[int]]]) -
         row: dict[str, Any] = {"error": f"exit status {rc}: {last}", "output_tail": tail}
         _, blocking_tail, _ = attempt(dict(env, CUDA_LAUNCH_BLOCKING="1"), 1)
         row["with_CUDA_LAUNCH_BLOCKING=1"] = blocking_tail
+        attempt(env, 1, trace=True)  # every flash call synchronized: the one that faulted, with its arguments
+        row["faulting_call"] = faulting[0]
+        print(f"faulting call: {json.dumps(faulting[0])[:4000]}", flush=True)
         print(f"graphs row failed:\n{tail}\n--- with CUDA_LAUNCH_BLOCKING=1:\n{blocking_tail}", flush=True)
         return row
     measured = data["rounds"][1:] or data["rounds"]
@@ -482,7 +563,8 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if "--graphs-child" in argv:
         rounds = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--rounds=")), GRAPH_ROUNDS)
-        return graphs_child(out, smoke, rounds)
+        trace = next((Path(a.split("=", 1)[1]) for a in argv if a.startswith("--trace-calls=")), None)
+        return graphs_child(out, smoke, rounds, trace)
     sizes = SMOKE if smoke else FULL
     deadline = time.monotonic() + sizes["budget_s"]
     torch, transformers, device, dtype = _setup(smoke)
