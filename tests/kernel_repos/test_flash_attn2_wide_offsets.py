@@ -34,15 +34,11 @@ ROW_STRIDE = 2**30  # row 2 of the key tensor starts at element 2**31
 
 
 def test_needs_wide_offsets_flips_where_a_row_offset_reaches_2_to_the_31():
-    meta = dict(device="meta", dtype=torch.bfloat16)
-    below = torch.empty(1, 2**31 // 4096 - 1, 32, 128, **meta)  # [B, S, H, D]: row stride 4096
-    at = torch.empty(1, 2**31 // 4096, 32, 128, **meta)
-    assert not tile.needs_wide_offsets((below, 1))
-    assert tile.needs_wide_offsets((at, 1))
-    packed = torch.empty(14518528, 4, 64, **meta)  # transformers' warm-up: [total, H, D], stride 256
-    assert tile.needs_wide_offsets((packed, 0))
-    assert not tile.needs_wide_offsets((packed[: 2**31 // 256 - 1], 0))
-    assert not tile.needs_wide_offsets((None, 0), (below, 1))
+    # spans: row count times row stride, as the callers hold them
+    assert not tile.needs_wide_offsets((2**31 // 4096 - 1) * 4096)  # [B, S, 32, 128], S just below
+    assert tile.needs_wide_offsets((2**31 // 4096) * 4096)
+    assert tile.needs_wide_offsets(14518528 * 256)  # transformers' warm-up: [total, 4, 64]
+    assert not tile.needs_wide_offsets((2**31 // 256 - 1) * 256, 100 * 4096)
 
 
 def _sparse_keys(rows: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,7 +58,7 @@ def _sparse_keys(rows: int, d: int, dtype: torch.dtype) -> tuple[torch.Tensor, t
 def test_forward_and_backward_read_keys_past_2_to_the_31_elements():
     rows, d, dtype = 3, 16, torch.float16
     k, v, _buffer = _sparse_keys(rows, d, dtype)
-    assert tile.needs_wide_offsets((k, 1))
+    assert tile.needs_wide_offsets(k.shape[1] * k.stride(1))
     q = torch.randn(1, 5, 1, d, dtype=dtype, requires_grad=True)
     with within_arguments() as seen:
         out = fa.flash_attn_func(q, k, v)
@@ -95,7 +91,7 @@ def test_32_bit_offsets_would_read_outside_the_key_buffer(monkeypatch):
     (on a GPU: an illegal memory access, or another tensor's bytes)."""
     k, v, _buffer = _sparse_keys(3, 16, torch.float16)
     q = torch.randn(1, 5, 1, 16, dtype=torch.float16)
-    monkeypatch.setattr(fwd, "needs_wide_offsets", lambda *rows: False)
+    monkeypatch.setattr(fwd, "needs_wide_offsets", lambda *spans: False)
     with within_arguments(), pytest.raises(Exception) as raised:
         fa.flash_attn_func(q, k, v)
     chain = [raised.value]
@@ -131,8 +127,8 @@ def test_the_64_bit_variant_gives_the_same_bits(monkeypatch, varlen):
         return out.detach(), q.grad, k.grad, v.grad
 
     narrow = run()
-    monkeypatch.setattr(fwd, "needs_wide_offsets", lambda *rows: True)
-    monkeypatch.setattr(bwd, "needs_wide_offsets", lambda *rows: True)
+    monkeypatch.setattr(fwd, "needs_wide_offsets", lambda *spans: True)
+    monkeypatch.setattr(bwd, "needs_wide_offsets", lambda *spans: True)
     wide = run()
     for a, b in zip(narrow, wide):
         assert torch.equal(a, b)

@@ -91,11 +91,11 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
                         offs_d, head_dim, MASKED, EVEN_D)
         if MASKED:
             row_ok = offs_m < seqlen_q
-            lse2 = tl.load(lse_base + _row_offsets(offs_m, stride_lm, WIDE), mask=row_ok, other=float("inf")) * 1.4426950408889634
-            delta = tl.load(delta_base + _row_offsets(offs_m, stride_lm, WIDE), mask=row_ok, other=0.0)
+            lse2 = tl.load(lse_base + offs_m * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+            delta = tl.load(delta_base + offs_m * stride_lm, mask=row_ok, other=0.0)
         else:
-            lse2 = tl.load(lse_base + _row_offsets(offs_m, stride_lm, WIDE)) * 1.4426950408889634
-            delta = tl.load(delta_base + _row_offsets(offs_m, stride_lm, WIDE))
+            lse2 = tl.load(lse_base + offs_m * stride_lm) * 1.4426950408889634
+            delta = tl.load(delta_base + offs_m * stride_lm)
         if KEYS_AS_ROWS:
             # Tiles are [keys, queries]: dK and dV accumulate with no transpose, but k and v
             # must live in registers as the left operand.
@@ -466,15 +466,16 @@ def attention_backward(
                     (out, do, delta, cuq, *so, *sdo, *l3, sq_max, hq, head_dim),
                     (varlen, pre_m, block_d), 4, 3)  # Triton's defaults, as before the Launcher
     sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
+    sdq, sdk, sdv = _strides3(dq, varlen), _strides3(dk, varlen), _strides3(dv, varlen)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
-                 *_strides3(dk, varlen), *_strides3(dv, varlen), *l3, *a2,
+                 *sdk, *sdv, *l3, *a2,
                  sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
     dq_args = (q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
-               *_strides3(dq, varlen), *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
+               *sdq, *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
-    row = 0 if varlen else 1
-    wide = needs_wide_offsets((q, row), (k, row), (v, row), (do, row), (dq, row), (dk, row), (dv, row))
+    rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (sq_max, sk_max)
+    wide = needs_wide_offsets(rows_q * max(sq[1], sdo[1], sdq[1]), rows_k * max(sk[1], sv[1], sdk[1], sdv[1]))
 
     def launches(cfg) -> list:
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg

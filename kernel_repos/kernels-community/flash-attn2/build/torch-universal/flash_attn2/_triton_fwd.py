@@ -229,7 +229,7 @@ def _fwd_kernel(
              mask=q_mask)
     if STORE_LSE:
         l_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
-        tl.store(l_base + _row_offsets(offs_m, stride_lm, WIDE), lse, mask=offs_m < seqlen_q)
+        tl.store(l_base + offs_m * stride_lm, lse, mask=offs_m < seqlen_q)
 
 
 @triton.jit
@@ -406,8 +406,9 @@ def attention_forward(
     )
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
-    row = 0 if varlen else 1
-    wide = needs_wide_offsets((q, row), (k, row), (v, row), (out, row))
+    # row strides of q, k, v, out sit at 1, 4, 7, 10 of ``strides``; rows: all a tensor holds
+    rows_q, rows_k = (total_q, k.shape[0]) if varlen else (sq_max, sk_max)
+    wide = needs_wide_offsets(rows_q * max(strides[1], strides[10]), rows_k * max(strides[4], strides[7]))
 
     programs_bh = batch * hq
     chunk = programs_bh

@@ -29,17 +29,15 @@ import triton.language as tl
 _INT32_SPAN = 2**31
 
 
-def needs_wide_offsets(*rows: tuple) -> bool:
-    """Whether a row offset (row index times row stride) inside one of these tensors can pass
-    2**31 elements; ``rows`` are ``(tensor, row_dim)`` pairs (``None`` tensors are skipped).
+def needs_wide_offsets(*spans: int) -> bool:
+    """Whether a row offset (row index times row stride, in elements) can pass 2**31; ``spans``
+    are each tensor's row count times its row stride.
 
-    Conservative (row count times stride): a view whose last row ends just below the limit may
-    take the 64-bit variant too, which is only a little slower.
+    Callers pass integers they already hold (reading a tensor's shape and strides again costs
+    host time on every call). Conservative: a view whose last row ends just below the limit
+    takes the 64-bit variant too, which is only a little slower.
     """
-    for t, dim in rows:
-        if t is not None and t.shape[dim] * t.stride(dim) >= _INT32_SPAN:
-            return True
-    return False
+    return max(spans) >= _INT32_SPAN
 
 
 @triton.jit
