@@ -358,11 +358,14 @@ def _setup(smoke: bool) -> tuple[Any, Any, str, Any]:
     return torch, transformers, device, torch.bfloat16 if device == "cuda" else torch.float32
 
 
-def _padding_probe(torch: Any, seen: dict[str, Any], enabled: list[bool]) -> None:
-    """Count, in the eager calls (never inside a graph capture, where reading a tensor is not
-    allowed), the padded inputs transformers hands the kernel: decode rows with negative
-    cache_seqlens and all -1 block-table rows, prefill tokens past cu_seqlens_q[-1], empty
-    sequences, max_seqlen_k above the key rows."""
+_FLASH_CALLS = {"flash_attn_with_kvcache": "kvcache", "flash_attn_varlen_func": "varlen"}
+
+
+def _hook_flash_calls(torch: Any, before: Any, after: Any = None) -> None:
+    """Around every ``flash_attn_with_kvcache`` / ``flash_attn_varlen_func`` call of the kernel
+    the FlashAttention chain chose: ``before(kind, arguments, capturing)`` with the arguments
+    bound by name (``kind``: "kvcache" or "varlen"; ``capturing``: inside a CUDA-graph capture,
+    where no tensor may be read), then the call, then ``after(capturing)``."""
     import functools
     import inspect
 
@@ -370,36 +373,52 @@ def _padding_probe(torch: Any, seen: dict[str, Any], enabled: list[bool]) -> Non
 
     kernel = flash_chain_kernel("flash_attention_2")
 
-    def bump(key: str, by: int = 1) -> None:
-        seen[key] = seen.get(key, 0) + by
-
     def wrap(fn: Any, kind: str) -> Any:
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
-        def probed(*args: Any, **kwargs: Any) -> Any:
-            if enabled[0] and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
-                a = signature.bind(*args, **kwargs).arguments
-                bump(f"{kind}_eager_calls")
-                if kind == "kvcache" and isinstance(a.get("cache_seqlens"), torch.Tensor):
-                    lens, table = a["cache_seqlens"], a.get("block_table")
-                    bump("kvcache_padding_rows", int((lens < 0).sum()))
-                    seen["kvcache_min_cache_seqlens"] = min(seen.get("kvcache_min_cache_seqlens", 0), int(lens.min()))
-                    if table is not None:
-                        bump("kvcache_all_minus_one_block_rows", int((table < 0).all(dim=1).sum()))
-                    seen.setdefault("kvcache_batch_sizes", set()).add(int(lens.shape[0]))
-                elif kind == "varlen":
-                    cu_q, q, k = a["cu_seqlens_q"], a["q"], a["k"]
-                    bump("varlen_tokens_past_cu_seqlens_q", max(0, q.shape[0] - int(cu_q[-1])))
-                    bump("varlen_empty_sequences", int((cu_q.diff() == 0).sum()))
-                    if int(a["max_seqlen_k"]) > k.shape[0]:
-                        bump("varlen_max_seqlen_k_above_key_rows")
-            return fn(*args, **kwargs)
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+            before(kind, signature.bind(*args, **kwargs).arguments, capturing)
+            result = fn(*args, **kwargs)
+            if after is not None:
+                after(capturing)
+            return result
 
-        return probed
+        return hooked
 
-    kernel.flash_attn_with_kvcache = wrap(kernel.flash_attn_with_kvcache, "kvcache")
-    kernel.flash_attn_varlen_func = wrap(kernel.flash_attn_varlen_func, "varlen")
+    for name, kind in _FLASH_CALLS.items():
+        setattr(kernel, name, wrap(getattr(kernel, name), kind))
+
+
+def _padding_probe(torch: Any, seen: dict[str, Any], enabled: list[bool]) -> None:
+    """Count, in the eager calls (never inside a graph capture, where reading a tensor is not
+    allowed), the padded inputs transformers hands the kernel: decode rows with negative
+    cache_seqlens and all -1 block-table rows, prefill tokens past cu_seqlens_q[-1], empty
+    sequences, max_seqlen_k above the key rows."""
+
+    def bump(key: str, by: int = 1) -> None:
+        seen[key] = seen.get(key, 0) + by
+
+    def count(kind: str, a: dict[str, Any], capturing: bool) -> None:
+        if not enabled[0] or capturing:
+            return
+        bump(f"{kind}_eager_calls")
+        if kind == "kvcache" and isinstance(a.get("cache_seqlens"), torch.Tensor):
+            lens, table = a["cache_seqlens"], a.get("block_table")
+            bump("kvcache_padding_rows", int((lens < 0).sum()))
+            seen["kvcache_min_cache_seqlens"] = min(seen.get("kvcache_min_cache_seqlens", 0), int(lens.min()))
+            if table is not None:
+                bump("kvcache_all_minus_one_block_rows", int((table < 0).all(dim=1).sum()))
+            seen.setdefault("kvcache_batch_sizes", set()).add(int(lens.shape[0]))
+        elif kind == "varlen":
+            cu_q, q, k = a["cu_seqlens_q"], a["q"], a["k"]
+            bump("varlen_tokens_past_cu_seqlens_q", max(0, q.shape[0] - int(cu_q[-1])))
+            bump("varlen_empty_sequences", int((cu_q.diff() == 0).sum()))
+            if int(a["max_seqlen_k"]) > k.shape[0]:
+                bump("varlen_max_seqlen_k_above_key_rows")
+
+    _hook_flash_calls(torch, count)
 
 
 def _describe(torch: Any, value: Any, capturing: bool) -> Any:
@@ -420,36 +439,23 @@ def _trace_calls(torch: Any, path: Path) -> None:
     """Write each flash call's arguments to ``path`` (one JSON line), synchronizing before and
     after every call outside a graph capture, so after a fault the last line without a
     following "ok" line is the call that faulted."""
-    import functools
-    import inspect
-
-    from kernel_loader.attention.fallback import flash_chain_kernel
-
-    kernel = flash_chain_kernel("flash_attention_2")
     log = path.open("a", buffering=1)
     count = [0]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    def wrap(fn: Any, kind: str) -> Any:
-        signature = inspect.signature(fn)
+    def before(kind: str, arguments: dict[str, Any], capturing: bool) -> None:
+        count[0] += 1
+        if not capturing:
+            _sync(device)
+        described = {k: _describe(torch, v, capturing) for k, v in arguments.items()}
+        log.write(json.dumps({"call": count[0], "kind": kind, "capturing": capturing, "arguments": described}) + "\n")
 
-        @functools.wraps(fn)
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            count[0] += 1
-            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-            if not capturing:
-                _sync("cuda" if torch.cuda.is_available() else "cpu")
-            arguments = {k: _describe(torch, v, capturing) for k, v in signature.bind(*args, **kwargs).arguments.items()}
-            log.write(json.dumps({"call": count[0], "kind": kind, "capturing": capturing, "arguments": arguments}) + "\n")
-            result = fn(*args, **kwargs)
-            if not capturing:
-                _sync("cuda" if torch.cuda.is_available() else "cpu")
-                log.write(json.dumps({"ok": count[0]}) + "\n")
-            return result
+    def after(capturing: bool) -> None:
+        if not capturing:
+            _sync(device)
+            log.write(json.dumps({"ok": count[0]}) + "\n")
 
-        return traced
-
-    kernel.flash_attn_with_kvcache = wrap(kernel.flash_attn_with_kvcache, "flash_attn_with_kvcache")
-    kernel.flash_attn_varlen_func = wrap(kernel.flash_attn_varlen_func, "flash_attn_varlen_func")
+    _hook_flash_calls(torch, before, after)
 
 
 def _faulting_call(path: Path) -> dict[str, Any] | None:
