@@ -3,8 +3,7 @@
 Under ``TRITON_INTERPRET=1`` each load and store of a Triton kernel must stay inside the buffers
 of that launch's tensor arguments (``interpreter_bounds``): a test that passes on its numbers
 would still fail on a read past a tensor's end, which a GPU run can turn into a fault or a
-silent read of a neighbouring tensor. Tests that need the unchecked interpreter mark themselves
-``@pytest.mark.unchecked_bounds``.
+silent read of a neighbouring tensor.
 """
 
 from __future__ import annotations
@@ -16,13 +15,9 @@ import pytest
 from interpreter_bounds import within_arguments
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "unchecked_bounds: run without the interpreter's bounds checks")
-
-
 @pytest.fixture(autouse=True)
-def _bounds_checked(request):
-    if os.environ.get("TRITON_INTERPRET") != "1" or request.node.get_closest_marker("unchecked_bounds"):
+def _bounds_checked():
+    if os.environ.get("TRITON_INTERPRET") != "1":
         yield None
         return
     with within_arguments() as seen:

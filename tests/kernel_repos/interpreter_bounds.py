@@ -26,6 +26,16 @@ class OutOfBounds(AssertionError):
     """A kernel touched memory outside every tensor argument of its launch."""
 
 
+def caused_by_out_of_bounds(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, an :class:`OutOfBounds` (the interpreter wraps a
+    kernel's exceptions in its own)."""
+    while exc is not None:
+        if isinstance(exc, OutOfBounds) or "OutOfBounds" in str(exc):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def _ranges_of(args: list, kwargs: dict) -> list[tuple[int, int]]:
     found: list[tuple[int, int]] = []
 
