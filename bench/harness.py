@@ -200,11 +200,20 @@ def _device_name() -> str:
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
+def _command() -> str:
+    """This process's command line as typed: ``python -m pkg ...`` for a package run with -m
+    (whose argv[0] is its ``__main__.py``)."""
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name == "__main__.py":
+        argv[0:1] = ["-m", Path(argv[0]).parent.name]
+    return shlex.join([Path(sys.executable).name] + argv)
+
+
 def environment(commit: Optional[str] = None) -> dict[str, Any]:
     """Date, command, commit, device and versions of the run (see the module docstring)."""
     env = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": shlex.join([Path(sys.executable).name] + sys.argv),
+        "command": _command(),
         "commit": commit or _git_commit(),
         "device": _device_name(),
         "python": platform.python_version(),

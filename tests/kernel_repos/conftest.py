@@ -22,3 +22,11 @@ def _bounds_checked():
         return
     with within_arguments() as seen:
         yield seen
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After a passing session that ran a long fuzz target: its report (``kernel_fuzz``)."""
+    import kernel_fuzz
+
+    if kernel_fuzz.RUNS and exitstatus == 0:
+        kernel_fuzz.write_report()

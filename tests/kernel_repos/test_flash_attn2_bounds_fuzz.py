@@ -14,20 +14,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
-import os
 
-import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flash_ref import load_flash_attn2, reference
+from kernel_fuzz import fuzz_tests
 
 fa = load_flash_attn2()
 configs = importlib.import_module(fa.__name__ + "._configs")
 SM90 = (9, 0)
-SMALL = 6
-LONG = int(os.environ.get("KERNEL_LOADER_FUZZ_EXAMPLES", "300"))
 
 
 @contextlib.contextmanager
@@ -107,14 +103,6 @@ def _run(call: dict) -> None:
         assert (got - want).abs().max().item() <= tol * max(1.0, want.abs().max().item()), (b, nq, nk)
 
 
-@settings(max_examples=SMALL, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(call=calls)
-def test_packed_calls_with_gpu_tiles_stay_in_bounds(call):
-    _run(call)
-
-
-@pytest.mark.fuzz
-@settings(max_examples=LONG, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(call=calls)
-def test_packed_calls_with_gpu_tiles_stay_in_bounds_long(call):
-    _run(call)
+# the suite's few examples, and the long budget under -m fuzz
+(test_packed_calls_with_gpu_tiles_stay_in_bounds,
+ test_packed_calls_with_gpu_tiles_stay_in_bounds_long) = fuzz_tests(_run, calls, "packed fwd+bwd calls, sm90 tiles")

@@ -11,18 +11,14 @@ as it was. ``pytest -m fuzz`` runs the long budget.
 
 from __future__ import annotations
 
-import os
 
-import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flash_ref import load_flash_attn2, reference
+from kernel_fuzz import fuzz_tests
 
 fa = load_flash_attn2()
-SMALL = 8
-LONG = int(os.environ.get("KERNEL_LOADER_FUZZ_EXAMPLES", "300"))
 PAGE = 16
 
 calls = st.fixed_dictionaries(dict(
@@ -102,14 +98,6 @@ def _run(call: dict) -> None:
             assert torch.equal(k_cache[p], k_before[p]) and torch.equal(v_cache[p], v_before[p])
 
 
-@settings(max_examples=SMALL, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(call=calls)
-def test_kvcache_calls_stay_in_bounds_and_match_the_reference(call):
-    _run(call)
-
-
-@pytest.mark.fuzz
-@settings(max_examples=LONG, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(call=calls)
-def test_kvcache_calls_stay_in_bounds_and_match_the_reference_long(call):
-    _run(call)
+# the suite's few examples, and the long budget under -m fuzz
+(test_kvcache_calls_stay_in_bounds_and_match_the_reference,
+ test_kvcache_calls_stay_in_bounds_and_match_the_reference_long) = fuzz_tests(_run, calls, "flash_attn_with_kvcache calls")
