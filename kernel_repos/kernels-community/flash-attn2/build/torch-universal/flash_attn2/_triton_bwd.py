@@ -439,7 +439,9 @@ def attention_backward(
         if compile_only:
             return []
         return (dq.zero_(), dk.zero_(), dv.zero_()) if batch == 0 or q.numel() == 0 else (dq.zero_(), dk, dv)
-    delta = torch.empty_like(lse, device=where)
+    # not empty_like: moving a CUDA tensor's layout to ``meta`` runs torch's Python reference,
+    # whose first use imports sympy (seconds of a prepared node's first call)
+    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=where)
     left, right = int(window_size[0]), int(window_size[1])
     softcap = float(softcap)
     if causal:
