@@ -288,8 +288,7 @@ def test_diagonal_blocks_in_one_loop_or_two_give_the_reference(one_loop, sk, opt
 
 def test_diagonal_loop_rule():
     """One loop for right-bounded rows up to MERGE_DIAG_MAX_KEYS keys, two above; unbounded rows
-    have no diagonal; dropout with a head dim narrower than its tile always takes two (its
-    one-loop build faults on sm90)."""
+    have no diagonal; dropout always takes two (its one-loop build faults on sm90)."""
     import importlib
 
     fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
@@ -297,7 +296,7 @@ def test_diagonal_loop_rule():
     assert fwd._one_loop(True, limit) and fwd._one_loop(True, 1)
     assert not fwd._one_loop(True, limit + 1)
     assert not fwd._one_loop(False, 1024)
-    assert not fwd._one_loop(True, 1, ragged_dropout=True)
+    assert not fwd._one_loop(True, 1, dropout=True)
 
 
 def test_forward_tile_rule():

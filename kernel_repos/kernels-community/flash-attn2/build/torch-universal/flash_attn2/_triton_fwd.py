@@ -304,15 +304,15 @@ def _row_order(masked_right: bool, window_left: bool, block_d: int, row_blocks: 
     return _HEAVY_FIRST
 
 
-def _one_loop(masked_right: bool, keys: int, ragged_dropout: bool = False) -> bool:
+def _one_loop(masked_right: bool, keys: int, dropout: bool = False) -> bool:
     """Whether rows bounded on the right walk the bulk and the diagonal blocks in one loop
     (``MERGE_DIAG_MAX_KEYS``); rows without a right bound have no diagonal.
 
-    ``ragged_dropout`` (dropout with a head dim narrower than its tile) takes two loops: on sm90
-    with Triton 3.6 the one-loop build of that case faults at its first launch (misaligned
-    address; ``bench/results/gpu_faults.md``); the two-loop build of it does not.
+    With dropout, two loops: on sm90 with Triton 3.6 the one-loop build faults at its first
+    launch (misaligned address) for varlen calls with head dims 80-128; the two-loop build of
+    the same calls does not (``bench/results/gpu_faults.md``).
     """
-    return masked_right and keys <= MERGE_DIAG_MAX_KEYS and not ragged_dropout
+    return masked_right and keys <= MERGE_DIAG_MAX_KEYS and not dropout
 
 
 @functools.lru_cache(maxsize=64)
@@ -432,7 +432,7 @@ def attention_forward(
         even_n = not varlen and seqused_k is None and sk_max % bn_ == 0
         _FWD(grid, args, flags + (even_n, merge, order, store_lse, wide, bm_, bn_, block_d), w_, s_)
 
-    merge = (_one_loop(right >= 0, sk_max, dropout_p > 0.0 and block_d != head_dim) if merge_diag is None
+    merge = (_one_loop(right >= 0, sk_max, dropout_p > 0.0) if merge_diag is None
              else right >= 0 and bool(merge_diag))
     shipped = None if config is not None else _configs.pick_fwd(cap, block_d, right >= 0, hq // hk, sk_max)
     shape_class = (q.dtype, causal, left >= 0, right >= 0, softcap > 0, alibi_slopes is not None)
