@@ -1,0 +1,98 @@
+"""Packed sequences on a GPU: the shipped kernel's varlen call beside SDPA on the zero-padded batch.
+
+Random lengths from 128 to 4096 (seeded) packed to 16k tokens, 16 heads, bf16. The kernel takes
+them packed (``flash_attn_varlen_func``); SDPA has no packed form, so it gets what a user must
+hand it, the batch zero-padded to the longest sequence ``[n, H, max_len, D]`` (cuDNN and
+FlashAttention 2 backends). TFLOP/s count the real tokens only (4·H·n²·D per sequence, halved when
+causal; 3.5x for forward+backward), so padding is work SDPA does for nothing. Writes
+``bench/results/varlen.md`` and ``.json``::
+
+    python bench/varlen.py
+"""
+
+from __future__ import annotations
+
+import random
+from typing import List
+
+import harness
+
+TOKENS = 16384
+HEADS = 16
+HEAD_DIMS = (128, 64)
+
+
+def lengths(tokens: int = TOKENS, low: int = 128, high: int = 4096, seed: int = 0) -> List[int]:
+    """Sequence lengths drawn uniformly from [low, high], the last one cut so they sum to ``tokens``."""
+    rng = random.Random(seed)
+    out: List[int] = []
+    while sum(out) < tokens:
+        out.append(rng.randint(low, high))
+    out[-1] -= sum(out) - tokens
+    return out
+
+
+def real_flops(lens: List[int], heads: int, dim: int, causal: bool) -> float:
+    """Forward FLOPs of the real tokens: 4·H·n²·D per sequence, halved when causal."""
+    return sum(4 * heads * n * n * dim for n in lens) / (2 if causal else 1)
+
+
+def main() -> None:
+    args = harness.arguments(__doc__).parse_args()
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fa = harness.shipped_kernel()
+    lens = lengths()
+    max_len = max(lens)
+    cu = torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32)
+    rows = []
+    for dim in HEAD_DIMS:
+        q, k, v = (torch.randn(TOKENS, HEADS, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn_like(q)
+        pq, pk, pv = (torch.zeros(len(lens), HEADS, max_len, dim, device="cuda", dtype=torch.bfloat16,
+                                  requires_grad=True) for _ in range(3))
+        pdo = torch.randn_like(pq)
+        for causal in (False, True):
+            flop = real_flops(lens, HEADS, dim, causal)
+            row = dict(head_dim=dim, causal=causal, sequences=len(lens), max_len=max_len)
+            calls = {"ours": (lambda: fa.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal),
+                              (q, k, v), do)}
+            for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+                def padded(backend=backend, causal=causal):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(pq, pk, pv, is_causal=causal)
+                calls[name] = (padded, (pq, pk, pv), pdo)
+            for name, (fwd, leaves, grad) in calls.items():
+                try:
+                    with torch.no_grad():
+                        row[f"{name}_fwd"] = flop / harness.time_us(fwd) / 1e6
+                    row[f"{name}_fwdbwd"] = 3.5 * flop / harness.time_us(
+                        lambda fwd=fwd, leaves=leaves, grad=grad: torch.autograd.grad(fwd(), leaves, grad)) / 1e6
+                except Exception as e:  # a backend that cannot run the row leaves a dash
+                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            for part in ("fwd", "fwdbwd"):
+                if row.get(f"ours_{part}") and row.get(f"sdpa_cudnn_{part}"):
+                    row[f"ratio_{part}"] = row[f"ours_{part}"] / row[f"sdpa_cudnn_{part}"]
+            rows.append(row)
+            print(row, flush=True)
+        del q, k, v, pq, pk, pv
+        torch.cuda.empty_cache()
+    path = harness.write_results(
+        "varlen", rows, title="Packed sequences: varlen beside SDPA on the zero-padded batch, TFLOP/s of real tokens (bf16)",
+        columns=dict(head_dim="d", causal="causal", sequences="sequences", max_len="longest",
+                     ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd (padded)", sdpa_flash_fwd="FA2 fwd (padded)",
+                     ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b (padded)",
+                     sdpa_flash_fwdbwd="FA2 f+b (padded)", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b"),
+        out_dir=args.out, commit=args.commit,
+        notes=[f"{len(lens)} sequences of 128-4096 tokens (seeded), {TOKENS} tokens in all, {HEADS} heads; "
+               "medians of triton.testing.do_bench. FLOPs of the real tokens only (4·H·n²·D per "
+               "sequence, halved when causal; 3.5x for forward+backward)."],
+        extra=dict(lengths=lens))
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
