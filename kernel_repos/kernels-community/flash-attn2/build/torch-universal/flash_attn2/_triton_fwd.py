@@ -310,7 +310,7 @@ def _one_loop(masked_right: bool, keys: int, dropout: bool = False) -> bool:
 
     With dropout, two loops: on sm90 with Triton 3.6 the one-loop build faults at its first
     launch (misaligned address) for varlen calls with head dims 80-128; the two-loop build of
-    the same calls does not (``bench/results/gpu_faults.md``).
+    the same calls does not (``bench/results/fault_variants.md``).
     """
     return masked_right and keys <= MERGE_DIAG_MAX_KEYS and not dropout
 
