@@ -100,6 +100,111 @@ def check(gf) -> list:
     return rows
 
 
+VARLEN_CASES = [  # (lengths of q, lengths of k, hq, hk, kv packed in one tensor)
+    ([300, 1, 0, 129, 1000, 128], None, 4, 4, False),
+    ([257, 64, 700, 5], [1000, 64, 333, 0], 4, 2, False),
+    ([128, 2048, 77], None, 2, 1, True),
+]
+
+
+def check_varlen(gf) -> list:
+    """Packed sequences through the Gluon forward, per sequence against the float64 reference:
+    empty and one-token sequences, lengths off the 128-row and key-block grid, seqlen_q != seqlen_k
+    per sequence (bottom-right causal; rows that see no key), GQA, kv-packed views. Output memory
+    is recycled NaN, so a row left unwritten or a row written by the wrong sequence shows."""
+    import itertools
+
+    rows = []
+    for d in (dd for dd in HEAD_DIMS if dd in gf.TILES and dd != 64):
+        for causal in (False, True):
+            for lens_q, lens_k, hq, hk, kv_packed in VARLEN_CASES:
+                lens_k = lens_k or lens_q
+                torch.manual_seed(sum(lens_q) + d + causal)
+                cu = lambda ls: torch.tensor([0, *itertools.accumulate(ls)], device="cuda", dtype=torch.int32)  # noqa: E731
+                q = torch.randn(sum(lens_q), hq, d, device="cuda", dtype=torch.bfloat16)
+                if kv_packed:
+                    kv = torch.randn(sum(lens_k), 2, hk, d, device="cuda", dtype=torch.bfloat16)
+                    k, v = kv[:, 0], kv[:, 1]
+                else:
+                    k, v = (torch.randn(sum(lens_k), hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                scale = d ** -0.5
+                assert gf.supports(q, k, v), (d, kv_packed)
+                _poison_allocator()
+                out, lse = gf.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal,
+                                                      cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k),
+                                                      max_seqlen_q=max(lens_q))
+                torch.cuda.synchronize()
+                worst_out, worst_lse, inf_ok, nan = 0.0, 0.0, True, bool(out.isnan().any())
+                for i, (nq, nk) in enumerate(zip(lens_q, lens_k)):
+                    if nq == 0:
+                        continue
+                    q0, k0 = sum(lens_q[:i]), sum(lens_k[:i])
+                    qi, ki, vi = q[q0:q0 + nq][None], k[k0:k0 + nk][None], v[k0:k0 + nk][None]
+                    if nk == 0:
+                        ref_o = torch.zeros_like(qi, dtype=torch.float64)
+                        ref_l = torch.full((1, hq, nq), float("inf"), dtype=torch.float64, device="cuda")
+                    else:
+                        ref_o, ref_l = _reference(qi, ki, vi, scale, causal)
+                    got_o, got_l = out[q0:q0 + nq][None], lse[:, q0:q0 + nq][None]
+                    finite = torch.isfinite(ref_l)
+                    if ref_o.abs().max() > 0:
+                        worst_out = max(worst_out, _rel(got_o, ref_o))
+                    else:
+                        worst_out = max(worst_out, float(got_o.double().abs().max()))
+                    if finite.any():
+                        worst_lse = max(worst_lse, float((got_l.double() - ref_l)[finite].abs().max()))
+                    inf_ok = inf_ok and bool((got_l[~finite] == float("inf")).all())
+                row = dict(kernel="gluon varlen", head_dim=d, causal=causal, lens_q=lens_q, lens_k=lens_k, hq=hq,
+                           hk=hk, kv_packed=kv_packed, out_nan=nan, rel_out=worst_out, lse_max_abs=worst_lse,
+                           lse_inf_ok=inf_ok)
+                row["ok"] = not nan and worst_out <= 1e-2 and worst_lse <= 2e-2 and inf_ok
+                rows.append(row)
+    return rows
+
+
+def _gluon_against_triton(gf, dispatch, table: str, key, run, leaves, dout) -> dict:
+    """``run()`` (a flash_attn call) and its gradients with the dispatch table ``table`` emptied
+    (Triton forward) and then holding only ``key`` (Gluon forward); how often Gluon ran in each,
+    the relative differences of out, dq, dk, dv, and ok."""
+    grads, calls, counted = [], [], []
+    real = gf.gluon_attention_forward
+    gf.gluon_attention_forward = lambda *a, **kw: counted.append(1) or real(*a, **kw)
+    saved = getattr(dispatch, table)
+    try:
+        for faster in ({}, {key: 0}):
+            setattr(dispatch, table, faster)
+            before = len(counted)
+            out = run()
+            grads.append([out] + list(torch.autograd.grad(out, leaves, dout)))
+            calls.append(len(counted) - before)
+    finally:
+        setattr(dispatch, table, saved)
+        gf.gluon_attention_forward = real
+    rels = [_rel(a.detach(), b.detach()) for a, b in zip(grads[1], grads[0])]
+    return dict(gluon_calls=calls, rel_out_dq_dk_dv=rels, ok=calls == [0, 1] and max(rels) <= 1e-2)
+
+
+def check_autograd_varlen(gf, pkg, dispatch) -> list:
+    """flash_attn_varlen_func's output and gradients with the Gluon forward (dispatch forced) vs the
+    Triton forward, under the Triton backward."""
+    import itertools
+
+    rows = []
+    lens = [513, 1, 1200, 77]
+    cu = torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
+    for d in (dd for dd in HEAD_DIMS if dd in gf.TILES and dd != 64):
+        for causal in (False, True):
+            torch.manual_seed(d + causal)
+            q, k, v = (torch.randn(sum(lens), 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn(sum(lens), 4, d, device="cuda", dtype=torch.bfloat16)
+            run = lambda: pkg.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)  # noqa: E731
+            rows.append(dict(head_dim=d, causal=causal, varlen=True,
+                             **_gluon_against_triton(gf, dispatch, "MEASURED_FASTER_VARLEN", (d, causal), run,
+                                                     (q, k, v), dout)))
+    return rows
+
+
 def check_autograd(gf, pkg, dispatch) -> list:
     """Gradients of flash_attn_func with the Gluon forward (dispatch forced) vs the Triton forward."""
     rows = []
@@ -109,24 +214,10 @@ def check_autograd(gf, pkg, dispatch) -> list:
             q, k, v = (torch.randn(2, 513, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             dout = torch.randn(2, 513, 4, d, device="cuda", dtype=torch.bfloat16)
-            grads, calls = [], []
-            real = gf.gluon_attention_forward
-            counted = []
-            gf.gluon_attention_forward = lambda *a, **kw: counted.append(1) or real(*a, **kw)
-            saved = dispatch.MEASURED_FASTER
-            try:
-                for faster in ({}, {(d, causal): 0}):
-                    dispatch.MEASURED_FASTER = faster
-                    before = len(counted)
-                    out = pkg.flash_attn_func(q, k, v, causal=causal)
-                    grads.append([out] + list(torch.autograd.grad(out, (q, k, v), dout)))
-                    calls.append(len(counted) - before)
-            finally:
-                dispatch.MEASURED_FASTER = saved
-                gf.gluon_attention_forward = real
-            rels = [_rel(a.detach(), b.detach()) for a, b in zip(grads[1], grads[0])]
-            rows.append(dict(head_dim=d, causal=causal, gluon_calls=calls, rel_out_dq_dk_dv=rels,
-                             ok=calls == [0, 1] and max(rels) <= 1e-2))
+            run = lambda: pkg.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+            rows.append(dict(head_dim=d, causal=causal,
+                             **_gluon_against_triton(gf, dispatch, "MEASURED_FASTER", (d, causal), run, (q, k, v),
+                                                     dout)))
     return rows
 
 
@@ -177,6 +268,7 @@ def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--kernels", help="comma-separated kernel names to keep (default: all of KERNELS)")
     parser.add_argument("--head-dims", help="comma-separated head dims to check and time (default: 64,128,256)")
+    parser.add_argument("--checks-only", action="store_true", help="run the checks, print them, time nothing")
     args = parser.parse_args()
     if args.head_dims:
         global HEAD_DIMS
@@ -193,8 +285,18 @@ def main() -> None:
     print(f"checks: {len(checks) - len(bad)}/{len(checks)} ok", flush=True)
     for r in bad:
         print("FAIL", json.dumps(r), flush=True)
-    grads = check_autograd(gf, pkg, importlib.import_module(pkg.__name__ + "._gluon_dispatch"))
+    varlen_checks = check_varlen(gf)
+    bad = [r for r in varlen_checks if not r["ok"]]
+    print(f"varlen checks: {len(varlen_checks) - len(bad)}/{len(varlen_checks)} ok", flush=True)
+    for r in bad:
+        print("FAIL", json.dumps(r), flush=True)
+    checks += varlen_checks
+    bad = [r for r in checks if not r["ok"]]
+    dispatch = importlib.import_module(pkg.__name__ + "._gluon_dispatch")
+    grads = check_autograd(gf, pkg, dispatch) + check_autograd_varlen(gf, pkg, dispatch)
     print("autograd:", json.dumps(grads), flush=True)
+    if args.checks_only:
+        return
     rows = timing(gf, fwd)
     names = sorted({n for d in HEAD_DIMS for n in KERNELS[d]}, key=lambda n: (n != "gluon", n))
     columns = dict(head_dim="head_dim", seq="seq", causal="causal", **{n: n for n in names}, triton="triton",

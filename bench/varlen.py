@@ -4,10 +4,11 @@ Random lengths from 128 to 4096 (seeded) packed to 16k tokens, 16 heads, bf16. T
 them packed (``flash_attn_varlen_func``); SDPA has no packed form, so it gets what a user must
 hand it, the batch zero-padded to the longest sequence ``[n, H, max_len, D]`` (cuDNN and
 FlashAttention 2 backends). TFLOP/s count the real tokens only (4·H·n²·D per sequence, halved when
-causal; 3.5x for forward+backward), so padding is work SDPA does for nothing. Writes
+causal; 3.5x for forward+backward), so padding is work SDPA does for nothing. ``--baseline DIR``
+adds another copy of the kernel package (e.g. the previous commit's) as a column. Writes
 ``bench/results/varlen.md`` and ``.json``::
 
-    python bench/varlen.py
+    python bench/varlen.py [--baseline /path/to/old/flash-attn2]
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ def real_flops(lens: List[int], heads: int, dim: int, causal: bool) -> float:
 
 
 def main() -> None:
-    args = harness.arguments(__doc__).parse_args()
+    args = harness.arguments(__doc__, baseline=True).parse_args()
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    fa = harness.shipped_kernel()
+    kernels = harness.kernels(args.baseline)
     lens = lengths()
     max_len = max(lens)
     cu = torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32)
@@ -58,8 +59,8 @@ def main() -> None:
         for causal in (False, True):
             flop = real_flops(lens, HEADS, dim, causal)
             row = dict(head_dim=dim, causal=causal, sequences=len(lens), max_len=max_len)
-            calls = {"ours": (lambda: fa.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal),
-                              (q, k, v), do)}
+            calls = {name: (lambda fa=fa: fa.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal),
+                            (q, k, v), do) for name, fa in kernels.items()}
             for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
                 def padded(backend=backend, causal=causal):
                     with sdpa_kernel(backend):
@@ -74,19 +75,23 @@ def main() -> None:
                 except Exception as e:  # a backend that cannot run the row leaves a dash
                     row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             for part in ("fwd", "fwdbwd"):
-                if row.get(f"ours_{part}") and row.get(f"sdpa_cudnn_{part}"):
-                    row[f"ratio_{part}"] = row[f"ours_{part}"] / row[f"sdpa_cudnn_{part}"]
+                for key, other in (("ratio", "sdpa_cudnn"), ("vs_baseline", "baseline")):
+                    if row.get(f"ours_{part}") and row.get(f"{other}_{part}"):
+                        row[f"{key}_{part}"] = row[f"ours_{part}"] / row[f"{other}_{part}"]
             rows.append(row)
             print(row, flush=True)
         del q, k, v, pq, pk, pv
         torch.cuda.empty_cache()
+    columns = dict(head_dim="d", causal="causal", sequences="sequences", max_len="longest",
+                   ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd (padded)", sdpa_flash_fwd="FA2 fwd (padded)",
+                   ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b (padded)",
+                   sdpa_flash_fwdbwd="FA2 f+b (padded)", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b")
+    if args.baseline:
+        columns.update(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
+                       vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
     path = harness.write_results(
         "varlen", rows, title="Packed sequences: varlen beside SDPA on the zero-padded batch, TFLOP/s of real tokens (bf16)",
-        columns=dict(head_dim="d", causal="causal", sequences="sequences", max_len="longest",
-                     ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd (padded)", sdpa_flash_fwd="FA2 fwd (padded)",
-                     ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b (padded)",
-                     sdpa_flash_fwdbwd="FA2 f+b (padded)", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b"),
-        out_dir=args.out, commit=args.commit,
+        columns=columns, out_dir=args.out, commit=args.commit,
         notes=[f"{len(lens)} sequences of 128-4096 tokens (seeded), {TOKENS} tokens in all, {HEADS} heads; "
                "medians of triton.testing.do_bench. FLOPs of the real tokens only (4·H·n²·D per "
                "sequence, halved when causal; 3.5x for forward+backward)."],

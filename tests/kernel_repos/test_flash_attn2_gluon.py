@@ -56,6 +56,17 @@ def test_head_dims_128_and_256_run_gluon_at_every_length():
             assert dispatch.wants_gluon(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_q": 1})
 
 
+def test_packed_sequences_follow_their_own_table(monkeypatch):
+    # varlen calls are timed apart (bench/results/varlen.md): their table decides for them alone
+    assert dispatch.wants_gluon(**PLAIN, varlen=True)
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER_VARLEN", {})
+    assert not dispatch.wants_gluon(**PLAIN, varlen=True)
+    assert dispatch.wants_gluon(**PLAIN)
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER_VARLEN", {(128, False): 0})
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER", {})
+    assert dispatch.wants_gluon(**PLAIN, varlen=True) and not dispatch.wants_gluon(**PLAIN)
+
+
 def test_an_empty_table_turns_gluon_off():
     assert not dispatch.wants_gluon(**PLAIN, faster={})
     assert dispatch.wants_gluon(**{**PLAIN, "head_dim": 64}, faster={(64, False): 0})
@@ -106,6 +117,10 @@ def test_layout_checks_refuse_what_the_copy_engine_cannot_read():
     assert not gf.supports(q, k[:, :0], v[:, :0])  # no keys: the descriptor needs a non-empty tensor
     strided = torch.randn(2, 300, 4, 256, dtype=torch.bfloat16)[..., ::2]
     assert not gf.supports(strided, k, v)
+    packed = torch.randn(600, 4, 128, dtype=torch.bfloat16)  # varlen [total, heads, dim]
+    assert gf.supports(packed, packed, packed)
+    kv = torch.randn(600, 2, 4, 128, dtype=torch.bfloat16)  # kv-packed: k and v are views of one tensor
+    assert gf.supports(packed, kv[:, 0], kv[:, 1])
 
 
 def test_interpreter_path_never_reaches_gluon(monkeypatch):
@@ -132,7 +147,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-package_dir, head_dim, causal = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+package_dir, head_dim, causal, varlen = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 spec = importlib.util.spec_from_file_location("_fa2_sm90", package_dir + "/__init__.py",
                                               submodule_search_locations=[package_dir])
 pkg = importlib.util.module_from_spec(spec)
@@ -151,8 +166,11 @@ def desc(rows):
 fn = gf._gluon_attn_fwd
 names = list(fn.arg_names)
 types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(gf.ROWS),
-             lse_ptr="*fp32", qk_scale="fp32")
-constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1])
+             o_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
+constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
+                 VARLEN=varlen)
+if not varlen:  # absent pointers are compile-time None
+    constants.update(cu_seqlens_q=None, cu_seqlens_k=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
 source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
 sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32),
@@ -160,18 +178,23 @@ sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32),
 """
 
 
-@pytest.mark.parametrize("head_dim, causal", [(128, False), (256, True)])
-def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, tmp_path):
+@pytest.mark.parametrize("head_dim, causal, varlen", [(128, False, False), (256, True, False), (128, True, True)])
+def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, varlen, tmp_path):
     _gluon_fwd()
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal))],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal)),
+                           str(int(varlen))], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ptx = done.stdout
     # Q·K^T and P·V on the tensor cores' warpgroup path, every tile through the copy engine
     assert len(re.findall(r"wgmma\.mma_async", ptx)) >= 3 * (head_dim // 16)
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global", ptx)  # loads
-    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)  # the output tile
+    # the output tile: through the copy engine, or, packed, a store masked at the sequence's end
+    # (a bulk copy would overwrite the next sequence's first rows)
+    bulk_store = re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)
+    assert (bulk_store is None) == varlen
+    if varlen:
+        assert re.search(r"@%p\d+ st\.global", ptx)
     assert ".local" not in ptx  # nothing spilled to local memory at the PTX level
     # warp-specialised: the producer warp gives registers back, the consumers take them
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)

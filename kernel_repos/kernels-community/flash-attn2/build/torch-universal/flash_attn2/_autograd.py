@@ -76,12 +76,14 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
         k = k.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
-    if q.is_cuda and _gluon_dispatch.MEASURED_FASTER and _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q,
-                                                                         seqused_k, opts):
+    if q.is_cuda and _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts):
         from ._gluon_fwd import gluon_attention_forward
 
+        varlen = cu_seqlens_q is not None
         out, lse = gluon_attention_forward(q, k, v, softmax_scale=opts["softmax_scale"], causal=opts["causal"],
-                                           store_lse=store_lse)
+                                           store_lse=store_lse, cu_seqlens_q=cu_seqlens_q,
+                                           cu_seqlens_k=cu_seqlens_k,
+                                           max_seqlen_q=opts["max_seqlen_q"] if varlen else None)
         return q, k, v, out, lse
     out, lse = _attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
@@ -92,16 +94,20 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
 
 def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
     """Whether this forward goes to the Gluon sm90 kernel (the rule: ``_gluon_dispatch``)."""
-    plain = (cu_seqlens_q is None and seqused_k is None and alibi_slopes is None and not opts["dropout_p"]
+    varlen = cu_seqlens_q is not None
+    if not (_gluon_dispatch.MEASURED_FASTER_VARLEN if varlen else _gluon_dispatch.MEASURED_FASTER):
+        return False
+    plain = (seqused_k is None and alibi_slopes is None and not opts["dropout_p"]
              and not opts["softcap"] and tuple(opts["window_size"]) == (-1, -1))
     if not (plain and _gluon_dispatch.gluon_available()):
         return False
     from ._gluon_fwd import supports
     from ._triton_fwd import capability_of
 
+    seqlen_q = opts["max_seqlen_q"] if varlen else q.shape[1]
     # the layout check last: it reads every stride, and most calls are decided before it
-    return _gluon_dispatch.wants_gluon(capability_of(q.device), True, q.shape[-1], opts["causal"], q.shape[1],
-                                       plain, q.dtype == torch.bfloat16, True) and supports(q, k, v)
+    return _gluon_dispatch.wants_gluon(capability_of(q.device), True, q.shape[-1], opts["causal"], seqlen_q,
+                                       plain, q.dtype == torch.bfloat16, True, varlen=varlen) and supports(q, k, v)
 
 
 _attention_forward = None

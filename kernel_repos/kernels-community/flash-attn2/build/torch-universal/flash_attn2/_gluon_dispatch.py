@@ -2,9 +2,9 @@
 
 Pure Python over plain values, so that CPU tests can walk the rule; importing this module
 imports neither Triton nor Gluon. The rule: an sm90 GPU, a Triton release the kernel was
-measured under (:data:`MEASURED_TRITON`) that ships ``triton.experimental.gluon``, a dense call without varlen, ``seqused_k``, window, softcap,
-ALiBi or dropout, bf16, and a (head_dim, causal) pair in :data:`MEASURED_FASTER` with
-at least its number of query tokens: where the Gluon forward measured correct and faster than
+measured under (:data:`MEASURED_TRITON`) that ships ``triton.experimental.gluon``, a call without ``seqused_k``, window, softcap,
+ALiBi or dropout, bf16, and a (head_dim, causal) pair in :data:`MEASURED_FASTER` (dense) or
+:data:`MEASURED_FASTER_VARLEN` (packed sequences) with at least its number of query tokens: where the Gluon forward measured correct and faster than
 the Triton forward on the H200 (``bench/gluon_fwd.py``; figures in ``bench/results/gluon_fwd.md``).
 Everything else, the interpreter included, keeps the Triton kernel.
 """
@@ -19,6 +19,15 @@ from typing import Mapping, Optional, Tuple
 # 1.02-1.30x at head_dim 128, 1.24-1.36x at 256). head_dim 64 is absent: 0.70-0.97x there
 # (bench/NOTES.md).
 MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
+    (128, False): 0,
+    (128, True): 0,
+    (256, False): 0,
+    (256, True): 0,
+}
+
+# The same for packed sequences (``flash_attn_varlen_func``), keyed by the longest sequence's
+# query tokens (bench/results/varlen.md)
+MEASURED_FASTER_VARLEN: Mapping[Tuple[int, bool], int] = {
     (128, False): 0,
     (128, True): 0,
     (256, False): 0,
@@ -57,16 +66,17 @@ def gluon_available() -> bool:
 
 def wants_gluon(capability: Optional[Tuple[int, int]], gluon_ok: bool, head_dim: int, causal: bool,
                 seqlen_q: int, plain: bool, bf16: bool, layout_ok: bool,
-                faster: Optional[Mapping[Tuple[int, bool], int]] = None) -> bool:
+                faster: Optional[Mapping[Tuple[int, bool], int]] = None, varlen: bool = False) -> bool:
     """The dispatch rule over plain facts about one forward call (see the module docstring).
 
-    ``capability`` is None off CUDA (the interpreter, the CPU); ``plain`` means dense with no
-    varlen, seqused_k, window, softcap, ALiBi or dropout; ``layout_ok`` is
-    ``_gluon_fwd.supports``'s answer; ``faster`` defaults to :data:`MEASURED_FASTER` as it is
-    at call time. Raises nothing.
+    ``capability`` is None off CUDA (the interpreter, the CPU); ``plain`` means no seqused_k,
+    window, softcap, ALiBi or dropout; ``varlen``: packed sequences (``seqlen_q`` is then the
+    longest one's); ``layout_ok`` is ``_gluon_fwd.supports``'s answer; ``faster`` defaults to
+    :data:`MEASURED_FASTER` or :data:`MEASURED_FASTER_VARLEN` as they are at call time. Raises
+    nothing.
     """
     if faster is None:
-        faster = MEASURED_FASTER
+        faster = MEASURED_FASTER_VARLEN if varlen else MEASURED_FASTER
     min_tokens = faster.get((head_dim, bool(causal)))
     return (capability == (9, 0) and gluon_ok and plain and bf16 and layout_ok
             and min_tokens is not None and seqlen_q >= min_tokens)

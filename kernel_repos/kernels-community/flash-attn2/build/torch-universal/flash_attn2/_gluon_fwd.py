@@ -105,17 +105,17 @@ def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.const
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-              b, h, hk, off_m, n_end, STAGES: gl.constexpr):
+              b, h, hk, off_m, n_end, q_row0, k_row0, STAGES: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     for w in gl.static_range(2):
         mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, off_m + w * ROWS, h, 0], q_bars.index(w),
+        _tma_load(q_desc, [b, q_row0 + off_m + w * ROWS, h, 0], q_bars.index(w),
                   q_smem.index(w).reshape([1, ROWS, 1, HEAD_DIM]))
     # the order the consumers need them: K_0, then K_{j+1} before V_j (S_{j+1} is issued before P_j V_j)
     mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
-    _tma_load(k_desc, [b, 0, hk, 0], k_ready.index(0), k_smem.index(0).reshape([1, BLOCK_N, 1, HEAD_DIM]))
+    _tma_load(k_desc, [b, k_row0, hk, 0], k_ready.index(0), k_smem.index(0).reshape([1, BLOCK_N, 1, HEAD_DIM]))
     for j in range(n_end):
         nxt = j + 1
         slot = nxt % STAGES
@@ -123,12 +123,12 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k
         # mbarriers start with the phase before 0 complete: the first round of waits passes
         mbarrier.wait(k_empty.index(slot), ((nxt // STAGES) & 1) ^ 1, pred=more)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes, pred=more)
-        _tma_load(k_desc, [b, nxt * BLOCK_N, hk, 0], k_ready.index(slot),
+        _tma_load(k_desc, [b, k_row0 + nxt * BLOCK_N, hk, 0], k_ready.index(slot),
                   k_smem.index(slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=more)
         vslot = j % STAGES
         mbarrier.wait(v_empty.index(vslot), ((j // STAGES) & 1) ^ 1)
         mbarrier.expect(v_ready.index(vslot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [b, j * BLOCK_N, hk, 0], v_ready.index(vslot),
+        _tma_load(v_desc, [b, k_row0 + j * BLOCK_N, hk, 0], v_ready.index(vslot),
                   v_smem.index(vslot).reshape([1, BLOCK_N, 1, HEAD_DIM]))
 
 
@@ -162,9 +162,10 @@ def _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i,
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, lse_ptr,
-              stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
-              W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr):
+def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr, stride_on,
+              stride_oh, lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, q_row0, qk_scale,
+              W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+              VARLEN: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -219,19 +220,28 @@ def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty
     if STORE_LSE:
         lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
         offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-        gl.store(lse_ptr + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < seqlen_q)
-    # this warpgroup's Q rows are read (every wgmma waited): their buffer takes the output rows
-    q.store(out.to(dtype))
-    fence_async_shared()
-    _tma_store(o_desc, [b, row0, h, 0], q.reshape([1, ROWS, 1, HEAD_DIM]))
-    tma.store_wait(pendings=0)
+        gl.store(lse_ptr + b * stride_lb + h * stride_lh + q_row0 + offs_m, lse, mask=offs_m < seqlen_q)
+    if VARLEN:
+        # the rows past this sequence's end belong to the next one: a bulk copy would overwrite
+        # them, so the output leaves through a store masked at the sequence's end
+        offs_r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        rows = (q_row0 + offs_r).to(gl.int64) * stride_on
+        gl.store(o_ptr + rows[:, None] + h * stride_oh + offs_d[None, :], out.to(dtype),
+                 mask=offs_r[:, None] < seqlen_q)
+    else:
+        # this warpgroup's Q rows are read (every wgmma waited): their buffer takes the output rows
+        q.store(out.to(dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [b, row0, h, 0], q.reshape([1, ROWS, 1, HEAD_DIM]))
+        tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lh,
-                    seqlen_q, seqlen_k, heads, group, qk_scale,
+def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh,
+                    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, heads, group, qk_scale,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -245,6 +255,18 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
     h = bh % heads
     hk = h // group
     off_m = pid_m * (2 * ROWS)
+    if VARLEN:
+        # packed sequences: one [1, total, H, D] view; this program's sequence starts at row
+        # q_row0 / k_row0 of it, and the descriptors' batch coordinate is 0
+        q_row0 = gl.load(cu_seqlens_q + b)
+        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row0
+        k_row0 = gl.load(cu_seqlens_k + b)
+        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row0
+        tb = 0
+    else:
+        q_row0 = 0
+        k_row0 = 0
+        tb = b
     diag = seqlen_k - seqlen_q
     if CAUSAL:
         hi = gl.minimum(seqlen_k, off_m + 2 * ROWS + diag)
@@ -269,16 +291,17 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_l
         mbarrier.init(v_empty.index(i), count=2)
     fence_async_shared()
 
-    gl.warp_specialize([
-        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc,
-                        lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
-                        0, CAUSAL, STORE_LSE, STAGES)),
-        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc,
-                        lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, qk_scale,
-                        1, CAUSAL, STORE_LSE, STAGES)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                        v_empty, b, h, hk, off_m, n_end, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if off_m < seqlen_q:  # a varlen program past its sequence's end has no rows
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
+                            stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q,
+                            seqlen_k, q_row0, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN)),
+            (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
+                            stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q,
+                            seqlen_k, q_row0, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                            v_empty, tb, h, hk, off_m, n_end, q_row0, k_row0, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def tile_for(head_dim: int) -> Optional[Tuple[int, int]]:
@@ -287,7 +310,8 @@ def tile_for(head_dim: int) -> Optional[Tuple[int, int]]:
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether dense q/k/v (``[B, S, H, D]``) meet this kernel's layout needs.
+    """Whether q/k/v (dense ``[B, S, H, D]`` or packed ``[total, H, D]``) meet this kernel's
+    layout needs.
 
     bf16 only (the dtype it was checked and timed in); the copy engine needs a non-empty tensor,
     the base 16-byte aligned, unit stride along D and every other stride a multiple of 16 bytes.
@@ -295,7 +319,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """
     if not (q.dtype == k.dtype == v.dtype == torch.bfloat16):
         return False
-    if q.dim() != 4 or tile_for(q.shape[-1]) is None or 0 in q.shape or 0 in k.shape:
+    if q.dim() not in (3, 4) or tile_for(q.shape[-1]) is None or 0 in q.shape or 0 in k.shape:
         return False
     for t in (q, k, v):
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
@@ -322,26 +346,44 @@ def gluon_attention_forward(
     causal: bool,
     store_lse: bool = True,
     tile: Optional[Tuple[int, int]] = None,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
-    ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES` (benchmarks). Raises what Triton raises on
-    compile errors.
+    Packed sequences: q ``[total_q, H, D]``, k/v ``[total_k, Hk, D]`` with int32 ``cu_seqlens_q``
+    / ``cu_seqlens_k`` and ``max_seqlen_q``; out like q, lse ``[H, total_q]`` (``_triton_fwd``'s
+    varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES` (benchmarks). Raises what
+    Triton raises on compile errors.
     """
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_k = k.shape[1], k.shape[2]
-    block_n, stages = tile or TILES[head_dim]
+    varlen = cu_seqlens_q is not None
+    head_dim = q.shape[-1]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
+    if varlen:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, int(max_seqlen_q), 0  # lengths: per sequence
+        total_q, heads, _ = q.shape
+        heads_k = k.shape[1]
+        lse = torch.empty(heads, total_q, device=q.device, dtype=torch.float32) if store_lse else None
+        lse_strides = (0, lse.stride(0)) if store_lse else (0, 0)
+        # one batch of all the tokens: each program finds its sequence's rows in it
+        q4, k4, v4, o4 = (t.unsqueeze(0) for t in (q, k, v, out))
+    else:
+        batch, seqlen_q, heads, _ = q.shape
+        seqlen_k, heads_k = k.shape[1], k.shape[2]
+        lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
+        lse_strides = (lse.stride(0), lse.stride(1)) if store_lse else (0, 0)
+        q4, k4, v4, o4 = q, k, v, out
+    block_n, stages = tile or TILES[head_dim]
     if batch == 0 or seqlen_q == 0:
         return out, lse
     grid = (triton.cdiv(seqlen_q, 2 * ROWS), batch * heads)
     _gluon_attn_fwd[grid](
-        _descriptor(q, ROWS, head_dim), _descriptor(k, block_n, head_dim), _descriptor(v, block_n, head_dim),
-        _descriptor(out, ROWS, head_dim), lse if store_lse else out,
-        lse.stride(0) if store_lse else 0, lse.stride(1) if store_lse else 0,
+        _descriptor(q4, ROWS, head_dim), _descriptor(k4, block_n, head_dim), _descriptor(v4, block_n, head_dim),
+        _descriptor(o4, ROWS, head_dim), out, out.stride(-3), out.stride(-2), lse if store_lse else out,
+        *lse_strides, cu_seqlens_q, cu_seqlens_k if varlen else None,
         seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
         CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, CONSUMER_REGS=REGS[0],
-        PRODUCER_REGS=REGS[1], num_warps=4, maxnreg=REGS[2],
+        PRODUCER_REGS=REGS[1], VARLEN=varlen, num_warps=4, maxnreg=REGS[2],
     )
     return out, lse
