@@ -20,7 +20,7 @@ import harness
 
 TOKENS = 16384
 HEADS = 16
-HEAD_DIMS = (128, 64)
+HEAD_DIMS = (128, 256, 64)
 
 
 def lengths(tokens: int = TOKENS, low: int = 128, high: int = 4096, seed: int = 0) -> List[int]:
