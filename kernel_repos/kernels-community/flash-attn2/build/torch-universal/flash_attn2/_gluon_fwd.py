@@ -3,14 +3,16 @@ that overlaps the previous block's P·V product.
 
 Entry point::
 
-    gluon_attention_forward(q, k, v, *, softmax_scale, causal, store_lse=True) -> (out, lse)
+    gluon_attention_forward(q, k, v, *, softmax_scale, causal, store_lse=True,
+                            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None) -> (out, lse)
 
 dense q ``[B, Sq, Hq, D]``, k/v ``[B, Sk, Hk, D]`` (any 16-byte-aligned strides, unit stride along
-D) -> out like q, lse ``[B, Hq, Sq]`` fp32 natural-log (the layouts of ``_triton_fwd``, so the
-Triton backward consumes it unchanged). Causal masks are bottom-right aligned; rows that see no
-key get out 0 and lse +inf. :func:`supports` says which calls this kernel serves; everything
-else (varlen, windows, softcap, ALiBi, dropout, other head dims or dtypes) stays on the Triton
-kernel.
+D) -> out like q, lse ``[B, Hq, Sq]`` fp32 natural-log; or packed sequences q ``[total_q, Hq, D]``,
+k/v ``[total_k, Hk, D]`` with int32 ``cu_seqlens`` -> lse ``[Hq, total_q]`` (the layouts of
+``_triton_fwd``, so the Triton backward consumes them unchanged). Causal masks are bottom-right
+aligned; rows that see no key get out 0 and lse +inf. :func:`supports` says which calls this
+kernel serves; everything else (windows, softcap, ALiBi, dropout, seqused_k, other head dims or
+dtypes) stays on the Triton kernel.
 
 Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3's design):
 
@@ -23,6 +25,11 @@ Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3'
 * Q, K, V and O move through 4-D TMA descriptors over ``[B, S, H, D]``: the copy engine clips
   and zero-fills at each sequence's end, so ragged lengths need no bounds arithmetic, and each
   consumer's output rows go back through the same engine from the shared buffer its Q used.
+  Packed sequences share one ``[1, total, H, D]`` view: a program reads its sequence's bounds
+  from ``cu_seqlens``, the keys past that sequence's end (the next one's, or the copy engine's
+  zeros) are masked like a dense sequence's ragged end, and the output leaves through a store
+  masked at the sequence's end, since a bulk copy of the last block would overwrite the next
+  sequence's first rows.
 * In each step a consumer issues ``S_j = Q K_j^T``, then ``O += P_{j-1} V_{j-1}``, waits only
   for S_j, computes the softmax of block j while the tensor cores still run P·V, and only then
   waits for P·V and rescales O (FlashAttention-3's intra-warpgroup overlap). P stays in
