@@ -1,5 +1,6 @@
 """Offline check that a change to the kernels keeps their code: compile two copies of the package
-for sm90 (no GPU needed) and compare the PTX of 13 kernel configurations, debug info dropped.
+for sm90 (no GPU needed) and compare the PTX of 14 Triton kernel configurations and, where both
+copies ship it and this Triton has Gluon, 4 of the dense Gluon forward's, debug info dropped.
 
     python bench/ptx_equivalence.py OLD_PACKAGE_DIR NEW_PACKAGE_DIR OUT_DIR [config ...]
 
@@ -46,7 +47,11 @@ def compile_one(fn, consts, none_ptrs, num_warps, num_stages, o_f32=False):
             sig[n] = "i32"
     src = ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs)
     c = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": num_warps, "num_stages": num_stages})
-    ptx = c.asm["ptx"]
+    return _ptx_lines(c.asm["ptx"]), c.metadata.n_regs if hasattr(c.metadata, "n_regs") else None
+
+
+def _ptx_lines(ptx: str) -> list:
+    """The PTX's instruction lines, debug sections, locations and label names dropped."""
     lines = []
     skip = False
     for line in ptx.splitlines():
@@ -60,7 +65,44 @@ def compile_one(fn, consts, none_ptrs, num_warps, num_stages, o_f32=False):
         if s.startswith((".loc", ".file", "//", "$L__")) or not s:
             continue
         lines.append(re.sub(r"\$L__\w+", "L", s))
-    return lines, c.metadata.n_regs if hasattr(c.metadata, "n_regs") else None
+    return lines
+
+
+def gluon_configurations(name: str) -> dict:
+    """The dense Gluon forward at head_dim 128 / 256, causal and not: name -> (module, head_dim,
+    causal); empty when the package or this Triton lacks it."""
+    try:
+        gf = importlib.import_module(f"{name}._gluon_fwd")
+    except ImportError:
+        return {}
+    return {f"gluon_fwd_d{d}{'_causal' if causal else ''}": (gf, d, causal) for d in (128, 256) for causal in (False, True)}
+
+
+def compile_gluon(gf, head_dim: int, causal: bool) -> list:
+    """PTX lines of the dense Gluon forward for sm90. Arguments a package's kernel lacks are left
+    out, so two versions of it compile alike."""
+    import torch
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    fn = gf._gluon_attn_fwd
+    block_n, stages = gf.TILES[head_dim]
+    t = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)  # descriptors read only its shape and strides
+    values = dict(q_desc=gf._descriptor(t, gf.ROWS, head_dim), k_desc=gf._descriptor(t, block_n, head_dim),
+                  v_desc=gf._descriptor(t, block_n, head_dim), o_desc=gf._descriptor(t, gf.ROWS, head_dim),
+                  o_ptr=t, lse_ptr=torch.empty(4, dtype=torch.float32), qk_scale=0.1)
+    consts = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
+                  VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None)
+    sig, cx = {}, {}
+    for n in fn.arg_names:
+        if n in consts:
+            sig[n], cx[n] = "constexpr", consts[n]
+        else:
+            sig[n] = mangle_type(values[n]) if n in values else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    c = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=gf.REGS[2]))
+    return _ptx_lines(c.asm["ptx"])
 
 
 
@@ -113,14 +155,18 @@ def main() -> None:
     only = set(sys.argv[4:])
     out_dir.mkdir(parents=True, exist_ok=True)
     old, new = configurations(*load(old_dir, "fa_old")), configurations(*load(new_dir, "fa_new"))
-    for name in old:
+    old_g, new_g = gluon_configurations("fa_old"), gluon_configurations("fa_new")
+    for name in [*old, *(n for n in old_g if n in new_g)]:
         if only and name not in only:
             continue
         texts = []
-        for label, cases in (("old", old), ("new", new)):
-            fn, consts, nones, w, st = cases[name]
-            o_f32 = fn.__name__ == "_split_kernel" and not consts.get("FINAL")
-            lines = compile_one(fn, consts, nones, w, st, o_f32)[0]
+        for label, cases, gluon in (("old", old, old_g), ("new", new, new_g)):
+            if name in gluon:
+                lines = compile_gluon(*gluon[name])
+            else:
+                fn, consts, nones, w, st = cases[name]
+                o_f32 = fn.__name__ == "_split_kernel" and not consts.get("FINAL")
+                lines = compile_one(fn, consts, nones, w, st, o_f32)[0]
             (out_dir / f"{name}.{label}.ptx").write_text("\n".join(lines) + "\n")
             texts.append(lines)
         if texts[0] == texts[1]:
