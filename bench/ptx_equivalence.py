@@ -90,9 +90,9 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
     t = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)  # descriptors read only its shape and strides
     values = dict(q_desc=gf._descriptor(t, gf.ROWS, head_dim), k_desc=gf._descriptor(t, block_n, head_dim),
                   v_desc=gf._descriptor(t, block_n, head_dim), o_desc=gf._descriptor(t, gf.ROWS, head_dim),
-                  o_ptr=t, lse_ptr=torch.empty(4, dtype=torch.float32), qk_scale=0.1)
+                  lse_ptr=torch.empty(4, dtype=torch.float32), qk_scale=0.1)
     consts = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
-                  VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None)
+                  VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

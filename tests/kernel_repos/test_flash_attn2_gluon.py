@@ -169,8 +169,8 @@ types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o
              o_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
 constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
                  VARLEN=varlen)
-if not varlen:  # absent pointers are compile-time None
-    constants.update(cu_seqlens_q=None, cu_seqlens_k=None)
+if not varlen:  # what only packed calls use is compile-time None in a dense call
+    constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
 source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
 sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32),
