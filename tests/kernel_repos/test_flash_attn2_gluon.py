@@ -123,6 +123,50 @@ def test_layout_checks_refuse_what_the_copy_engine_cannot_read():
     assert gf.supports(packed, kv[:, 0], kv[:, 1])
 
 
+def _as_sm90_with_gluon(monkeypatch):
+    """The autograd glue's view of a call as if on an H200 with the measured Triton (CPU tensors
+    stand in: the glue reads only shapes, dtypes, strides and options)."""
+    _gluon_fwd()
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", True)
+    monkeypatch.setattr(fwd, "capability_of", lambda device: (9, 0))
+    return importlib.import_module(fa.__name__ + "._autograd")
+
+
+def _opts(**change):
+    opts = dict(max_seqlen_q=700, max_seqlen_k=700, softmax_scale=0.1, causal=True, window_size=(-1, -1),
+                softcap=0.0, dropout_p=0.0, seed=0)
+    return {**opts, **change}
+
+
+def test_packed_calls_reach_gluon_only_when_plain(monkeypatch):
+    ag = _as_sm90_with_gluon(monkeypatch)
+    q, k, v = (torch.randn(1000, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 300, 1000], dtype=torch.int32)
+    assert ag._gluon_wanted(q, k, v, None, cu, None, _opts())
+    slopes = torch.rand(2, 4)
+    assert not ag._gluon_wanted(q, k, v, slopes, cu, None, _opts())
+    assert not ag._gluon_wanted(q, k, v, None, cu, torch.tensor([5, 6], dtype=torch.int32), _opts())
+    for change in (dict(dropout_p=0.1), dict(softcap=30.0), dict(window_size=(64, 0))):
+        assert not ag._gluon_wanted(q, k, v, None, cu, None, _opts(**change)), change
+    assert not ag._gluon_wanted(q[..., :96].contiguous(), k[..., :96].contiguous(), v[..., :96].contiguous(),
+                                None, cu, None, _opts())
+    # packed and dense calls follow their own tables
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER_VARLEN", {})
+    assert not ag._gluon_wanted(q, k, v, None, cu, None, _opts())
+    assert ag._gluon_wanted(q.view(1, 1000, 4, 128), k.view(1, 1000, 4, 128), v.view(1, 1000, 4, 128), None, None,
+                            None, _opts(max_seqlen_q=None, max_seqlen_k=None))
+
+
+def test_a_packed_table_minimum_counts_the_longest_sequence(monkeypatch):
+    ag = _as_sm90_with_gluon(monkeypatch)
+    q, k, v = (torch.randn(1000, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 300, 1000], dtype=torch.int32)
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER_VARLEN", {(128, True): 701})
+    assert not ag._gluon_wanted(q, k, v, None, cu, None, _opts(max_seqlen_q=700))
+    assert ag._gluon_wanted(q, k, v, None, cu, None, _opts(max_seqlen_q=701))
+
+
 def test_interpreter_path_never_reaches_gluon(monkeypatch):
     gf = _gluon_fwd()
     calls = []
