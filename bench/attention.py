@@ -101,17 +101,8 @@ def main() -> None:
         for causal in (False, True):
             flop = 4 * (TOKENS // seq) * hq * seq * seq * d / (2 if causal else 1)
             row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal)
-            for name, (fwd, both) in contenders(kernels, d, hq, hk, seq, causal, not args.no_flex).items():
-                try:
-                    row[f"{name}_fwd"] = flop / harness.time_us(fwd) / 1e6
-                    row[f"{name}_fwdbwd"] = 3.5 * flop / harness.time_us(both) / 1e6
-                except Exception as e:  # a competitor that cannot run this row leaves a dash
-                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            for part in ("fwd", "fwdbwd"):
-                for key, other in (("ratio", "sdpa_cudnn"), ("vs_baseline", "baseline")):
-                    if row.get(f"ours_{part}") and row.get(f"{other}_{part}"):
-                        row[f"{key}_{part}"] = row[f"ours_{part}"] / row[f"{other}_{part}"]
-            rows.append(row)
+            rows.append(harness.attention_row(row, contenders(kernels, d, hq, hk, seq, causal, not args.no_flex),
+                                              flop))
             print(row, flush=True)
             path = write()  # after every row: a run stopped by a time limit keeps its rows
             torch.cuda.empty_cache()

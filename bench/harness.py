@@ -27,6 +27,11 @@ API (everything else here is private):
 ``ratio(a, b) -> Ratio``
     ``a / b`` of two paired sample lists: the median of the per-round ratios, a 95 % bootstrap
     interval of that median (seeded, so reruns on the same samples agree) and the min/max.
+``attention_row(row, contenders, flop) -> dict``
+    Fills ``row`` with each ``name -> (forward, forward_and_backward)`` contender's TFLOP/s
+    (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that), or ``<name>_error``
+    when it cannot run, then ``ratio_<part>`` (ours ÷ sdpa_cudnn) and ``vs_baseline_<part>``
+    (ours ÷ baseline) where both sides ran; returns ``row``.
 ``environment(commit=None) -> dict``
     date (UTC), command line, git commit, device name and the versions of python, torch,
     triton, transformers, huggingface_hub and kernels (``None`` for what is not installed).
@@ -168,6 +173,21 @@ def ratio(a: Sequence[float], b: Sequence[float], *, resamples: int = 2000) -> R
                      for _ in range(resamples))
     return Ratio(statistics.median(per_round), medians[int(0.025 * resamples)],
                  medians[int(0.975 * resamples) - 1], min(per_round), max(per_round))
+
+
+def attention_row(row: dict, contenders: Mapping[str, tuple], flop: float) -> dict:
+    """TFLOP/s of each contender's forward and forward+backward into ``row``, and the ratios."""
+    for name, (fwd, both) in contenders.items():
+        try:
+            row[f"{name}_fwd"] = flop / time_us(fwd) / 1e6
+            row[f"{name}_fwdbwd"] = 3.5 * flop / time_us(both) / 1e6
+        except Exception as e:  # a competitor that cannot run this row leaves a dash
+            row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    for part in ("fwd", "fwdbwd"):
+        for key, other in (("ratio", "sdpa_cudnn"), ("vs_baseline", "baseline")):
+            if row.get(f"ours_{part}") and row.get(f"{other}_{part}"):
+                row[f"{key}_{part}"] = row[f"ours_{part}"] / row[f"{other}_{part}"]
+    return row
 
 
 def _git_commit() -> Optional[str]:

@@ -38,6 +38,16 @@ def real_flops(lens: List[int], heads: int, dim: int, causal: bool) -> float:
     return sum(4 * heads * n * n * dim for n in lens) / (2 if causal else 1)
 
 
+def _no_grad(fn):
+    """``fn`` run without autograd's bookkeeping: the forward-only timing."""
+    import torch
+
+    def run():
+        with torch.no_grad():
+            return fn()
+    return run
+
+
 def main() -> None:
     args = harness.arguments(__doc__, baseline=True).parse_args()
     import torch
@@ -66,19 +76,10 @@ def main() -> None:
                     with sdpa_kernel(backend):
                         return F.scaled_dot_product_attention(pq, pk, pv, is_causal=causal)
                 calls[name] = (padded, (pq, pk, pv), pdo)
-            for name, (fwd, leaves, grad) in calls.items():
-                try:
-                    with torch.no_grad():
-                        row[f"{name}_fwd"] = flop / harness.time_us(fwd) / 1e6
-                    row[f"{name}_fwdbwd"] = 3.5 * flop / harness.time_us(
-                        lambda fwd=fwd, leaves=leaves, grad=grad: torch.autograd.grad(fwd(), leaves, grad)) / 1e6
-                except Exception as e:  # a backend that cannot run the row leaves a dash
-                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            for part in ("fwd", "fwdbwd"):
-                for key, other in (("ratio", "sdpa_cudnn"), ("vs_baseline", "baseline")):
-                    if row.get(f"ours_{part}") and row.get(f"{other}_{part}"):
-                        row[f"{key}_{part}"] = row[f"ours_{part}"] / row[f"{other}_{part}"]
-            rows.append(row)
+            timed = {name: (_no_grad(fwd), lambda fwd=fwd, leaves=leaves, grad=grad:
+                            torch.autograd.grad(fwd(), leaves, grad))
+                     for name, (fwd, leaves, grad) in calls.items()}
+            rows.append(harness.attention_row(row, timed, flop))
             print(row, flush=True)
         del q, k, v, pq, pk, pv
         torch.cuda.empty_cache()

@@ -74,3 +74,15 @@ def test_host_overhead_runs_and_writes_its_results(tmp_path):
     rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
     assert {r["attention"] for r in rows} >= {"ours (flash wrapper, shipped kernel)", "sdpa (kernel_loader)"}
     assert all(r["host_us"] > 0 for r in rows)
+
+
+def test_attention_row_records_each_contender_and_ratios_only_where_both_ran(harness):
+    def fails():
+        raise RuntimeError("no kernel for this shape")
+
+    row = harness.attention_row({"seq": 1}, {"ours": (lambda: None, lambda: None),
+                                             "sdpa_cudnn": (lambda: None, fails)}, flop=1e6)
+    assert row["ours_fwd"] > 0 and row["ours_fwdbwd"] > 0 and row["sdpa_cudnn_fwd"] > 0
+    assert row["sdpa_cudnn_error"] == "RuntimeError: no kernel for this shape"
+    assert row["ratio_fwd"] == row["ours_fwd"] / row["sdpa_cudnn_fwd"]
+    assert "ratio_fwdbwd" not in row and "vs_baseline_fwd" not in row
