@@ -79,11 +79,9 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
     if q.is_cuda and _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts):
         from ._gluon_fwd import gluon_attention_forward
 
-        varlen = cu_seqlens_q is not None
         out, lse = gluon_attention_forward(q, k, v, softmax_scale=opts["softmax_scale"], causal=opts["causal"],
                                            store_lse=store_lse, cu_seqlens_q=cu_seqlens_q,
-                                           cu_seqlens_k=cu_seqlens_k,
-                                           max_seqlen_q=opts["max_seqlen_q"] if varlen else None)
+                                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=opts["max_seqlen_q"])
         return q, k, v, out, lse
     out, lse = _attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,

@@ -2,10 +2,12 @@
 
 Pure Python over plain values, so that CPU tests can walk the rule; importing this module
 imports neither Triton nor Gluon. The rule: an sm90 GPU, a Triton release the kernel was
-measured under (:data:`MEASURED_TRITON`) that ships ``triton.experimental.gluon``, a call without ``seqused_k``, window, softcap,
-ALiBi or dropout, bf16, and a (head_dim, causal) pair in :data:`MEASURED_FASTER` (dense) or
-:data:`MEASURED_FASTER_VARLEN` (packed sequences) with at least its number of query tokens: where the Gluon forward measured correct and faster than
-the Triton forward on the H200 (``bench/gluon_fwd.py``; figures in ``bench/results/gluon_fwd.md``).
+measured under (:data:`MEASURED_TRITON`) that ships ``triton.experimental.gluon``, a call
+without ``seqused_k``, window, softcap, ALiBi or dropout, bf16, and a (head_dim, causal) pair in
+:data:`MEASURED_FASTER` (dense) or :data:`MEASURED_FASTER_VARLEN` (packed sequences) with at
+least its number of query tokens: where the Gluon forward measured correct and faster than the
+Triton forward on the H200 (``bench/gluon_fwd.py``; figures in ``bench/results/gluon_fwd.md``
+and ``bench/results/varlen.md``).
 Everything else, the interpreter included, keeps the Triton kernel.
 """
 
