@@ -70,6 +70,12 @@ def contenders(kernels: dict, d: int, hq: int, hk: int, seq: int, causal: bool, 
         def both(fwd=fwd, grad=grad, leaves=leaves):
             torch.autograd.grad(fwd(), leaves, grad)
         timed[name] = (fwd, both)
+    if "ours" in kernels:
+        # the same kernel asked for a bitwise-repeatable backward (dQ in its own kernel, which
+        # recomputes the scores) beside its default (on sm90: dQ reduced inside dK/dV)
+        def deterministic(fa=kernels["ours"]):
+            torch.autograd.grad(fa.flash_attn_func(q, k, v, causal=causal, deterministic=True), (q, k, v), do)
+        timed["ours_det"] = (None, deterministic)
     return timed
 
 
@@ -86,7 +92,9 @@ def main() -> None:
         columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal",
                        ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd", sdpa_flash_fwd="FA2 fwd", flex_fwd="Flex fwd",
                        ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b", sdpa_flash_fwdbwd="FA2 f+b",
-                       flex_fwdbwd="Flex f+b", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b")
+                       flex_fwdbwd="Flex f+b", ours_det_fwdbwd="ours f+b deterministic",
+                       ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b",
+                       vs_det_fwdbwd="ours/deterministic f+b")
         if args.baseline:
             columns.update(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
                            vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
@@ -94,7 +102,9 @@ def main() -> None:
             "attention", rows, title="Attention forward and forward+backward, TFLOP/s (bf16, 16k tokens per batch)",
             columns=columns, out_dir=args.out, commit=args.commit,
             notes=["Medians of triton.testing.do_bench; FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
-                   "forward+backward. SDPA and Flex get [B, H, S, D] views, the kernel [B, S, H, D]."])
+                   "forward+backward. SDPA and Flex get [B, H, S, D] views, the kernel [B, S, H, D].",
+                   "'deterministic': the kernel called with deterministic=True (dQ in its own kernel); the default "
+                   "backward on sm90 reduces dQ inside the dK/dV kernel where _configs.FUSED_DQ_SM90 lists the head dim."])
         return path
 
     for d, hq, hk, seq in ROWS:
@@ -103,6 +113,8 @@ def main() -> None:
             row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal)
             rows.append(harness.attention_row(row, contenders(kernels, d, hq, hk, seq, causal, not args.no_flex),
                                               flop))
+            if row.get("ours_fwdbwd") and row.get("ours_det_fwdbwd"):
+                row["vs_det_fwdbwd"] = row["ours_fwdbwd"] / row["ours_det_fwdbwd"]
             print(row, flush=True)
             path = write()  # after every row: a run stopped by a time limit keeps its rows
             torch.cuda.empty_cache()

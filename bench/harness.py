@@ -29,8 +29,8 @@ API (everything else here is private):
     interval of that median (seeded, so reruns on the same samples agree) and the min/max.
 ``attention_row(row, contenders, flop) -> dict``
     Fills ``row`` with each ``name -> (forward, forward_and_backward)`` contender's TFLOP/s
-    (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that), or ``<name>_error``
-    when it cannot run, then ``ratio_<part>`` (ours ÷ sdpa_cudnn) and ``vs_baseline_<part>``
+    (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that; a forward of None is
+    not timed), or ``<name>_error`` when it cannot run, then ``ratio_<part>`` (ours ÷ sdpa_cudnn) and ``vs_baseline_<part>``
     (ours ÷ baseline) where both sides ran; returns ``row``.
 ``environment(commit=None) -> dict``
     date (UTC), command line, git commit, device name and the versions of python, torch,
@@ -179,7 +179,8 @@ def attention_row(row: dict, contenders: Mapping[str, tuple], flop: float) -> di
     """TFLOP/s of each contender's forward and forward+backward into ``row``, and the ratios."""
     for name, (fwd, both) in contenders.items():
         try:
-            row[f"{name}_fwd"] = flop / time_us(fwd) / 1e6
+            if fwd is not None:
+                row[f"{name}_fwd"] = flop / time_us(fwd) / 1e6
             row[f"{name}_fwdbwd"] = 3.5 * flop / time_us(both) / 1e6
         except Exception as e:  # a competitor that cannot run this row leaves a dash
             row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"

@@ -131,6 +131,10 @@ def configurations(F, B, D) -> dict:
         "dq_varlen_all": (B._bwd_dq_kernel, {**bwd_base, "IS_VARLEN": True, "HAS_LEFT": True, "HAS_RIGHT": True, "HAS_SOFTCAP": True, "HAS_ALIBI": True, "HAS_DROPOUT": True, "EVEN_D": False, "REVERSE": False, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": 64}, {"SeqUsedK"}, 4, 2),
         "delta": (B._delta_kernel, {"IS_VARLEN": True, "BLOCK_M": 64, "BLOCK_D": 128}, set(), 4, 3),
     })
+    if "DQ_MODE" in B._bwd_dkdv_kernel.arg_names:  # dQ inside dK/dV (newer packages): the default is off
+        for name in [n for n in cases if n.startswith("dkdv")]:
+            fn, consts, nones, w, st = cases[name]
+            cases[name] = (fn, {**consts, "DQ_MODE": 0}, nones | {"DQA"}, w, st)
     dec_base = dict(GROUP=4, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, PAGE_SIZE=256, NUM_SPLITS=4, HAS_LENS=True, HAS_BATCH_IDX=False,
                     HAS_LEFTPAD=False, HAS_ALIBI=False, HAS_SOFTCAP=False, HAS_WINDOW_LEFT=False, HAS_WINDOW_RIGHT=False,
                     FINAL=False, STORE_LSE=True, ALIGNED=True)

@@ -82,7 +82,11 @@ def test_the_backward_compiled_ahead_is_the_backward_launched(name, capability, 
         real.clear()
         bwd.attention_backward(torch.empty_like(out), qc, kc, vc, out, lse, **tensors, **opts)
     real = [r for r in real if r.grid is not None]  # the backward's own compile request, then its launches
-    assert [r.name for r in ahead] == [r.name for r in real] == ["_delta_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    # the dQ kernel runs unless dQ is reduced inside dK/dV (sm90, head dims the table lists)
+    block_d = fwd.next_pow2_dim(q.shape[-1])
+    fused = bwd.dq_mode(capability, block_d, bwd._configs.pick("bwd", capability, block_d)[0][4], False)
+    assert [r.name for r in ahead] == [r.name for r in real] == \
+        ["_delta_kernel", "_bwd_dkdv_kernel"] + ([] if fused else ["_bwd_dq_kernel"])
     for a, r in zip(ahead, real):
         assert triton_specialisation(a) == triton_specialisation(r), r.name
         # stronger than the specialisation: the same integers, and tensors of one layout
@@ -92,6 +96,8 @@ def test_the_backward_compiled_ahead_is_the_backward_launched(name, capability, 
 def _layout(x):
     if isinstance(x, torch.Tensor):
         return (x.dtype, tuple(x.shape), x.stride(), x.data_ptr() % 16 == 0)
+    if type(x).__name__ == "TensorDescriptor":
+        return (_layout(x.base), tuple(x.shape), tuple(x.strides), tuple(x.block_shape))
     return x
 
 

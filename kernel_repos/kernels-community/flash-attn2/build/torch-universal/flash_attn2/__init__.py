@@ -53,12 +53,14 @@ def flash_attn_func(
 ) -> Result:
     """Attention over ``[B, S, H, D]`` tensors, differentiable.
 
-    ``deterministic`` is accepted for compatibility; the backward is always deterministic.
+    ``deterministic=True`` makes the backward bitwise repeatable. By default the sm90 backward
+    may add dQ's shares through reduce-adds whose order varies (last bits of dQ; see
+    ``_triton_bwd.dq_mode``); elsewhere the backward is deterministic either way.
     Raises ValueError / NotImplementedError as the module docstring says.
     """
     out, lse = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                           window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                          need_lse=return_attn_probs)
+                          need_lse=return_attn_probs, deterministic=deterministic)
     return _result(out, lse, return_attn_probs)
 
 
@@ -128,7 +130,8 @@ def flash_attn_varlen_func(
     out, lse = _attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,
                           softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                          softcap=softcap, alibi_slopes=alibi_slopes, need_lse=return_attn_probs)
+                          softcap=softcap, alibi_slopes=alibi_slopes, need_lse=return_attn_probs,
+                          deterministic=deterministic)
     return _result(out, lse, return_attn_probs)
 
 

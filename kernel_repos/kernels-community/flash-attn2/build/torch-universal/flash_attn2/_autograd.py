@@ -186,14 +186,15 @@ def decode_heads_first(
 _BACKWARD_AHEAD: set = set()
 
 
-def _backward_ahead(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts) -> list:
+def _backward_ahead(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts,
+                    deterministic=False) -> list:
     """The first forward (on a GPU) of each feature class starts compiling its backward kernels
     on the compile threads, so they compile while the forward compiles and runs (a cold first
     training step pays for the slower of the two, not their sum). Returns the Futures to wait
     for before the backward launches (usually none)."""
     cls = (q.device, q.dtype, q.shape[-1], k.shape[-2] != q.shape[-2], cu_seqlens_q is not None,
            seqused_k is not None, alibi_slopes is not None, opts["causal"], tuple(opts["window_size"]),
-           opts["softcap"] > 0, opts["dropout_p"] > 0)
+           opts["softcap"] > 0, opts["dropout_p"] > 0, deterministic)
     if cls in _BACKWARD_AHEAD:
         return []
     _BACKWARD_AHEAD.add(cls)
@@ -202,17 +203,19 @@ def _backward_ahead(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
     # the forward copies these first; the copies' layout is what the backward sees
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return prepare_backward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                            seqused_k=seqused_k, alibi_slopes=alibi_slopes, **opts)
+                            seqused_k=seqused_k, alibi_slopes=alibi_slopes, deterministic=deterministic,
+                            **opts)
 
 
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts):
-        ctx.compiling = (_backward_ahead(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts)
-                         if q.is_cuda else [])
+    def forward(ctx, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts, deterministic=False):
+        ctx.compiling = (_backward_ahead(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts,
+                                         deterministic) if q.is_cuda else [])
         q, k, v, out, lse = _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts)
         ctx.save_for_backward(q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
         ctx.opts = opts
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -228,9 +231,9 @@ class _TritonAttention(torch.autograd.Function):
         q, k, v, out, lse, alibi_slopes, cu_q, cu_k, seqused_k = ctx.saved_tensors
         dq, dk, dv = attention_backward(
             dout, q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused_k,
-            alibi_slopes=alibi_slopes, **ctx.opts,
+            alibi_slopes=alibi_slopes, deterministic=ctx.deterministic, **ctx.opts,
         )
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def attention(
@@ -249,10 +252,12 @@ def attention(
     softcap: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
     need_lse: bool = True,
+    deterministic: bool = False,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Validate, choose the backend and run; returns ``(out, lse)`` with flash-attn layouts.
 
     ``need_lse=False`` lets an inference call on the GPU kernels skip writing lse (then None).
+    ``deterministic=True`` keeps the backward bitwise repeatable (``_triton_bwd.dq_mode``).
     Raises ValueError / NotImplementedError from ``_validate`` for unsupported input.
     """
     packed = cu_seqlens_q is not None
@@ -296,7 +301,8 @@ def attention(
         # inference skips autograd.Function's bookkeeping: in eager decoding the host's cost per
         # call, not the GPU's, sets the pace
         return _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts, need_lse)[3:]
-    return _TritonAttention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts)
+    return _TritonAttention.apply(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts,
+                                  bool(deterministic))
 
 
 def _torch_path(q, k, v, cu_q, cu_k, dropout_p, scale, causal, window, softcap, alibi, seed):

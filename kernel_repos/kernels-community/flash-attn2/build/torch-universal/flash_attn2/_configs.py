@@ -62,6 +62,9 @@ _BWD_SM90: Dict[int, tuple] = {
     128: ((64, 128, 8, 3, "keys"), (128, 64, 8, 3)),
     256: ((32, 128, 8, 2, "keys-2pass"), (128, 32, 8, 2)),
 }
+# Padded head dims whose sm90 backward computes dQ inside the dK/dV kernel (bulk reduce-adds
+# into an fp32 buffer, no dQ kernel; _triton_bwd.dq_mode). Measured in bench/NOTES.md.
+FUSED_DQ_SM90: frozenset = frozenset({64, 128})
 _BWD_SM80: Dict[int, tuple] = {
     32: ((64, 64, 4, 2, "keys"), (64, 64, 4, 2)),
     64: ((64, 64, 4, 2, "keys"), (64, 64, 4, 2)),

@@ -14,7 +14,8 @@ kernel compiled under other assumptions. ``FLASH_ATTN2_LAUNCH_CHECK=1`` also ask
 own choice on every call and raises if the two ever differ (the GPU check script runs that way).
 
 Calling convention (all our kernels follow it): runtime arguments first, in kernel order, with
-each position always of one kind (pointer: a tensor or None; int; float); then every
+each position always of one kind (pointer: a tensor or None; a host ``TensorDescriptor``; int;
+float); then every
 ``tl.constexpr`` parameter. A None pointer is part of the key (Triton compiles it as a constant).
 Under ``TRITON_INTERPRET=1``, with launch hooks installed (profilers), or on a Triton whose
 compiled kernels lack the expected attributes, every call takes Triton's own path.
@@ -51,10 +52,16 @@ def int_spec(i: int) -> int:
     return width | (i & 15 == 0)
 
 
+def _is_descriptor(a: Any) -> bool:
+    # triton.tools.tensor_descriptor.TensorDescriptor (a TMA descriptor built on the host)
+    return type(a).__name__ == "TensorDescriptor" and hasattr(a, "block_shape")
+
+
 def _slot_types(args: tuple) -> Tuple[type, ...]:
-    # a pointer slot holds a tensor or None (an absent optional pointer, a Triton constant)
-    return tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float)) else torch.Tensor
-                 for a in args)
+    # a pointer slot holds a tensor or None (an absent optional pointer, a Triton constant); a
+    # descriptor slot a TensorDescriptor
+    return tuple(bool if isinstance(a, bool) else type(a) if isinstance(a, (int, float))
+                 else type(a) if _is_descriptor(a) else torch.Tensor for a in args)
 
 
 def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
@@ -120,6 +127,7 @@ class Launcher:
         self._cache: Dict[tuple, tuple] = {}
         self._warmed: set = set()  # keys compiled ahead by warmup (Triton holds the kernels)
         self._ptrs: Callable[[tuple], tuple] | None = None
+        self._descs: Callable[[tuple], tuple] | None = None  # None: the kernel takes no descriptor
         self._ints: Callable[[tuple], tuple] = _getter(())
         self._plain_ints: Callable[[tuple], tuple] = _getter(())
         self._types: Tuple[type, ...] = ()
@@ -145,6 +153,8 @@ class Launcher:
         plain = self._unspecialised
         self._ints = _getter([i for i, t in enumerate(types) if t is int and i not in plain])
         self._plain_ints = _getter([i for i, t in enumerate(types) if t is int and i in plain])
+        descs = [i for i, t in enumerate(types) if t.__name__ == "TensorDescriptor"]
+        self._descs = _getter(descs) if descs else None
         self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
 
     def _key(self, device: int, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
@@ -163,6 +173,10 @@ class Launcher:
         width_key = None  # all 32-bit: the common case, one C-level max/min to find it
         if plain and (max(plain) > _I32_MAX or min(plain) < _I32_MIN):
             width_key = tuple([int_spec(i) & 6 for i in plain])
+        # Triton keys a descriptor on its element type and block shape (its base must be
+        # 16-byte aligned, its shape and strides are runtime values)
+        desc_key = None if self._descs is None else \
+            tuple([(d.base.dtype, tuple(d.block_shape)) for d in self._descs(args)])
         return (
             device,  # a compiled kernel's function handle belongs to one device
             constexprs,
@@ -171,6 +185,7 @@ class Launcher:
             tuple([(t.dtype, t.data_ptr() & 15 == 0) if t is not None else None for t in self._ptrs(args)]),
             int_key,
             width_key,
+            desc_key,
         )
 
     def __call__(self, grid: Tuple[int, int, int], args: tuple, constexprs: tuple,

@@ -17,6 +17,7 @@ from typing import Optional, Tuple, Union
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import _configs, _launch
 from ._launch import Launcher
@@ -68,15 +69,39 @@ def _delta_kernel(
 
 
 @triton.jit
+def _add_dq(dqa, dq, m0, offs_m, offs_d, seqlen_q, MASKED: tl.constexpr, DQ_MODE: tl.constexpr,
+            BLOCK_D: tl.constexpr):
+    """Add one block pair's share of dQ (fp32, unscaled) at rows ``m0 + [0, BLOCK_M)`` of a head.
+
+    ``dqa = (DQA, row0)``: the fp32 accumulator, ``[rows, BLOCK_D]`` contiguous, and the head's
+    first row in it. DQ_MODE 2: one bulk (TMA) reduce-add through the descriptor DQA; the rows
+    past the sequence's end add zeros (their scores were masked) and the copy engine clips the
+    tensor's end. DQ_MODE 1: per-element atomics (the interpreter has no bulk reduce)."""
+    DQA, row0 = dqa
+    if DQ_MODE == 2:
+        DQA.atomic_add([(row0 + m0).to(tl.int32), 0], dq)
+    else:
+        ptrs = DQA + (row0 + offs_m)[:, None] * BLOCK_D + offs_d[None, :]
+        if MASKED:
+            tl.atomic_add(ptrs, dq, mask=offs_m[:, None] < seqlen_q, sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, dq, sem="relaxed")
+
+
+@triton.jit
 def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, head_dim, win, sc, rng,
+                    dqa,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                     MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
-                    KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr, WIDE: tl.constexpr):
+                    KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr, WIDE: tl.constexpr,
+                    DQ_MODE: tl.constexpr, BLOCK_D: tl.constexpr):
     """Add query blocks [start, end) of one query head to ``grads = (dk, dv)`` of one key block.
 
     ``rows = (q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm)`` point at
-    that head's rows; ``WANT = (WANT_DK, WANT_DV)`` (the two-pass mode wants one at a time)."""
+    that head's rows; ``WANT = (WANT_DK, WANT_DV)`` (the two-pass mode wants one at a time).
+    DQ_MODE 1 or 2 also adds each block's dS.K into the dQ accumulator ``dqa`` (see _add_dq):
+    five matmuls per block pair, and no dQ kernel recomputing the scores."""
     dk, dv = grads
     q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, stride_lm = rows
     WANT_DK: tl.constexpr = WANT[0]
@@ -122,6 +147,9 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
                     t = _tanh(qkT * sc[1])
                     dsT = dsT * (1.0 - t * t)
                 dk = tl.dot(dsT.to(q.dtype), q, dk)
+                if DQ_MODE != 0:
+                    _add_dq(dqa, tl.dot(tl.trans(dsT.to(k.dtype)), k), m0, offs_m, offs_d, seqlen_q,
+                            MASKED, DQ_MODE, BLOCK_D)
         else:
             # Tiles are [queries, keys]: k and v stay in shared memory as right operands (fewer
             # registers at large head dims) at the price of transposing p and ds.
@@ -148,26 +176,32 @@ def _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, start, end, seqlen_q, hea
                     t = _tanh(qk * sc[1])
                     ds = ds * (1.0 - t * t)
                 dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+                if DQ_MODE != 0:
+                    _add_dq(dqa, tl.dot(ds.to(k.dtype), k), m0, offs_m, offs_d, seqlen_q, MASKED,
+                            DQ_MODE, BLOCK_D)
     return dk, dv
 
 
 @triton.jit
 def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start, offs_n, offs_d,
-                    ranges, seqlen_q, head_dim, win, sc3, rng3,
+                    ranges, seqlen_q, head_dim, win, sc3, rng3, dq3,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr, WIDE: tl.constexpr):
+                    BLOCK_M: tl.constexpr, KEYS_AS_ROWS: tl.constexpr, WANT: tl.constexpr, WIDE: tl.constexpr,
+                    DQ_MODE: tl.constexpr, BLOCK_D: tl.constexpr):
     """Accumulate ``grads = (dk, dv)`` of one key block over the query heads of its GQA group.
 
     ``ins = (Q, DO, Lse, Delta, Alibi)``; ``strides`` their (batch, token, head) strides and the
     ALiBi strides; ``ranges = (lo, hi, flo, fhi)`` from ``_query_range``; ``sc3`` / ``rng3`` the
-    score and dropout tuples without the per-head part (slope, counter base)."""
+    score and dropout tuples without the per-head part (slope, counter base); ``dq3 = (DQA,
+    rows per batch, rows per head)`` the dQ accumulator and its row strides (DQ_MODE 1 and 2)."""
     Q, DO, Lse, Delta, Alibi = ins
     (stride_qb, stride_qm, stride_qh, stride_dob, stride_dom, stride_doh,
      stride_lb, stride_lh, stride_lm, stride_ab, stride_ah) = strides
     lo, hi, flo, fhi = ranges
     qk_scale, softcap_scale, softcap = sc3
     seed, rng_sq, rng_sk, dropout_p = rng3
+    DQA, dqa_sb, dqa_sh = dq3
     for g in range(0, group):
         h = hk * group + g
         slope2 = 0.0
@@ -180,22 +214,23 @@ def _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_star
                 Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm,
                 Delta + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm,
                 stride_qm, stride_dom, stride_lm)
+        dqa = (DQA, b64 * dqa_sb + h * dqa_sh + q_start)
         # masked blocks before the bulk (right window / causal edge), the bulk, masked after
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, lo, flo, seqlen_q, head_dim, win,
-                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                True, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE)
+                                sc, rng, dqa, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                                EVEN_D, True, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE, DQ_MODE, BLOCK_D)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, flo, fhi, seqlen_q, head_dim, win,
-                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                False, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE)
+                                sc, rng, dqa, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                                EVEN_D, False, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE, DQ_MODE, BLOCK_D)
         grads = _bwd_dkdv_inner(grads, k, v, rows, offs_n, offs_d, fhi, hi, seqlen_q, head_dim, win,
-                                sc, rng, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                True, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE)
+                                sc, rng, dqa, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                                EVEN_D, True, BLOCK_M, KEYS_AS_ROWS, WANT, WIDE, DQ_MODE, BLOCK_D)
     return grads
 
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, Lse, Delta, DK, DV, CuQ, CuK, SeqUsedK, Alibi,
+    Q, K, V, DO, Lse, Delta, DK, DV, CuQ, CuK, SeqUsedK, Alibi, DQA,
     stride_qb, stride_qm, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -203,7 +238,7 @@ def _bwd_dkdv_kernel(
     stride_dkb, stride_dkn, stride_dkh,
     stride_dvb, stride_dvn, stride_dvh,
     stride_lb, stride_lh, stride_lm,
-    stride_ab, stride_ah,
+    stride_ab, stride_ah, dqa_sb, dqa_sh,
     seqlen_q_dense, seqlen_k_dense, n_heads_q, n_heads_k, group, head_dim,
     qk_scale, softcap_scale, softcap, sm_scale, window_left, window_right,
     dropout_p, seed, rng_sq, rng_sk,
@@ -211,7 +246,7 @@ def _bwd_dkdv_kernel(
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    KEYS_AS_ROWS: tl.constexpr, TWO_PASS: tl.constexpr, WIDE: tl.constexpr,
+    KEYS_AS_ROWS: tl.constexpr, TWO_PASS: tl.constexpr, WIDE: tl.constexpr, DQ_MODE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -246,24 +281,25 @@ def _bwd_dkdv_kernel(
     win = (seqlen_k, diag, window_left, window_right)
     sc3 = (qk_scale, softcap_scale, softcap)
     rng3 = (seed, rng_sq, rng_sk, dropout_p)
+    dq3 = (DQA, dqa_sb, dqa_sh)
     if TWO_PASS:
         # dV first, stored, then dK: one [BLOCK_N, D] accumulator live at a time (large heads),
         # for one extra q.k product per step.
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
-                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
+                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3, dq3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (False, True), WIDE)
+                                BLOCK_M, KEYS_AS_ROWS, (False, True), WIDE, 0, BLOCK_D)
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
-                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
+                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3, dq3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (True, False), WIDE)
+                                BLOCK_M, KEYS_AS_ROWS, (True, False), WIDE, DQ_MODE, BLOCK_D)
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     else:
         grads = _bwd_dkdv_group(grads, k, v, ins, strides, b64, hk, group, n_heads_q, q_start,
-                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3,
+                                offs_n, offs_d, ranges, seqlen_q, head_dim, win, sc3, rng3, dq3,
                                 HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
-                                BLOCK_M, KEYS_AS_ROWS, (True, True), WIDE)
+                                BLOCK_M, KEYS_AS_ROWS, (True, True), WIDE, DQ_MODE, BLOCK_D)
         tl.store(dv_ptrs, grads[1].to(DV.dtype.element_ty), mask=kv_mask)
         tl.store(dk_ptrs, (grads[0] * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
 
@@ -402,12 +438,18 @@ def attention_backward(
     dropout_p: float = 0.0,
     seed: int = 0,
     config: Optional[tuple] = None,
+    deterministic: bool = False,
     compile_only: bool = False,
 ) -> Union[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], list]:
     """Gradients of q, k, v (same layouts as the inputs, contiguous) given dO.
 
     ``config`` ``((BLOCK_M, BLOCK_N, warps, stages, keys_as_rows), (BLOCK_M, BLOCK_N, warps,
     stages))`` for the dK/dV and dQ kernels overrides the shipped table (benchmarks).
+
+    Where :func:`dq_mode` says so (sm90, head dims the table lists), the dK/dV kernel also
+    adds each block's share of dQ into an fp32 buffer through bulk (TMA) reduce-adds, and no dQ
+    kernel runs: the order of those additions, and so the last bits of dQ, can vary from run to
+    run. ``deterministic=True`` keeps the dQ kernel (bitwise repeatable).
 
     On a GPU the kernels not compiled yet compile concurrently (``_launch.compile_all``) before
     the launches. ``compile_only=True`` launches nothing: it starts compiling the kernels such a
@@ -469,9 +511,11 @@ def attention_backward(
                     (varlen, pre_m, block_d), 4, 3)  # Triton's defaults, as before the Launcher
     sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
     sdq, sdk, sdv = _strides3(dq, varlen), _strides3(dk, varlen), _strides3(dv, varlen)
+    # without DQA (inserted after alibi) and its two row strides (inserted at dkdv_tail)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
                  *sdk, *sdv, *l3, *a2,
                  sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
+    dkdv_tail = 12 + 23
     dq_args = (q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
                *sdq, *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
@@ -479,27 +523,52 @@ def attention_backward(
     rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (sq_max, sk_max)
     wide = needs_wide_offsets(rows_q * max(sq[1], sdo[1], sdq[1]), rows_k * max(sk[1], sv[1], sdk[1], sdv[1]))
 
-    def launches(cfg) -> list:
+    # the dQ accumulator of the fused modes: [rows, block_d] fp32, rows head-major (dense: batch,
+    # head, token; packed: head, token), so a block of query rows is one contiguous box
+    acc_rows_head = rows_q
+    acc_rows = (1 if varlen else batch) * hq * acc_rows_head
+    acc_sb = 0 if varlen else hq * acc_rows_head
+
+    def launches(cfg, dq_acc=None) -> list:
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
-        return [
+        fused = dq_mode(cap, block_d, mode, deterministic)
+        if fused:
+            dqa = dq_acc if fused == 1 else TensorDescriptor(dq_acc, [acc_rows, block_d], [block_d, 1], [bm_, block_d])
+            args = dkdv_args[:12] + (dqa,) + dkdv_args[12:dkdv_tail] + (acc_sb, acc_rows_head) + dkdv_args[dkdv_tail:]
+        else:
+            args = dkdv_args[:12] + (None,) + dkdv_args[12:dkdv_tail] + (0, 0) + dkdv_args[dkdv_tail:]
+        plan = [
             delta_launch,
-            (_DKDV, ((sk_max + bn_ - 1) // bn_, batch * hk, 1), dkdv_args,
-             flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass"), wide), w_, s_),
-            (_DQ, ((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
-             flags + (right >= 0, wide, bm2, bn2, block_d), w2, s2),
+            (_DKDV_TMA if fused == 2 else _DKDV, ((sk_max + bn_ - 1) // bn_, batch * hk, 1), args,
+             flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass"), wide, fused),
+             w_, s_),
         ]
+        if not fused:
+            plan.append((_DQ, ((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
+                         flags + (right >= 0, wide, bm2, bn2, block_d), w2, s2))
+        return plan
 
     def launch(cfg):
-        plan = launches(cfg)
+        fused = dq_mode(cap, block_d, cfg[0][4], deterministic)
+        dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device) if fused else None
+        plan = launches(cfg, dq_acc)
         if cap is not None:
             _launch.wait(_launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device))
         for kernel, grid, args, constexprs, warps, stages in plan:
             kernel(grid, args, constexprs, warps, stages)
+        if fused:
+            # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
+            acc = dq_acc.view(1 if varlen else batch, hq, acc_rows_head, block_d)[..., :head_dim]
+            torch.mul(acc.transpose(1, 2), softmax_scale, out=dq.unsqueeze(0) if varlen else dq)
 
-    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None)
+    shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
+                   bool(dq_mode(cap, block_d, "keys", deterministic)))
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
-        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in launches(cfg)], q.device)
+        acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta") \
+            if dq_mode(cap, block_d, cfg[0][4], deterministic) else None
+        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in launches(cfg, acc)],
+                                   q.device)
     launch(_configs.choose("bwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c))))
     return dq, dk, dv
@@ -525,6 +594,23 @@ def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return attention_backward(out, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, compile_only=True, **options)
 
 
+def dq_mode(capability: Optional[Tuple[int, int]], block_d: int, mode: str, deterministic: bool) -> int:
+    """How the backward computes dQ: 0 = its own kernel (recomputes the scores), 1 = atomics in
+    the dK/dV kernel (the interpreter's form of 2, for tests), 2 = bulk reduce-adds in the dK/dV
+    kernel (sm90). ``FUSED_DQ`` forces 0 (False) or the fused form (True) when not None."""
+    if deterministic or mode.endswith("2pass"):
+        return 0
+    fused = FUSED_DQ if FUSED_DQ is not None else (
+        capability is not None and capability[0] == 9 and block_d in _configs.FUSED_DQ_SM90)
+    if not fused:
+        return 0
+    return 1 if capability is None else 2
+
+
+# None: dq_mode follows _configs.FUSED_DQ_SM90; True / False force it (benchmarks, tests)
+FUSED_DQ: Optional[bool] = None
+
 _DELTA = Launcher(_delta_kernel)
 _DKDV = Launcher(_bwd_dkdv_kernel)
+_DKDV_TMA = Launcher(_bwd_dkdv_kernel)  # DQA is a TensorDescriptor here (a Launcher keys one kind per slot)
 _DQ = Launcher(_bwd_dq_kernel)
