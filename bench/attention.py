@@ -10,6 +10,8 @@ column. Writes ``bench/results/attention.md`` and ``.json``::
 
 from __future__ import annotations
 
+import importlib
+
 import harness
 
 # (head_dim, heads_q, heads_k, seq): the rows of the issue's table, both masks each
@@ -79,6 +81,20 @@ def contenders(kernels: dict, d: int, hq: int, hk: int, seq: int, causal: bool, 
     return timed
 
 
+def count_gluon_calls(fa) -> list:
+    """Wrap the kernel's Gluon forward so that a one-element counter says how often it ran (the
+    table then names the forward each row ran: the dispatch rule decides it per call)."""
+    gluon = importlib.import_module(fa.__name__ + "._gluon_fwd")
+    calls = [0]
+    real = gluon.gluon_attention_forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+    gluon.gluon_attention_forward = counted
+    return calls
+
+
 def main() -> None:
     parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--no-flex", action="store_true")
@@ -86,10 +102,11 @@ def main() -> None:
     import torch
 
     kernels = harness.kernels(args.baseline)
+    gluon_calls = count_gluon_calls(kernels["ours"])
     rows = []
 
     def write():
-        columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal",
+        columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal", ours_fwd_kernel="ours fwd kernel",
                        ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd", sdpa_flash_fwd="FA2 fwd", flex_fwd="Flex fwd",
                        ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b", sdpa_flash_fwdbwd="FA2 f+b",
                        flex_fwdbwd="Flex f+b", ours_det_fwdbwd="ours f+b deterministic",
@@ -111,8 +128,10 @@ def main() -> None:
         for causal in (False, True):
             flop = 4 * (TOKENS // seq) * hq * seq * seq * d / (2 if causal else 1)
             row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal)
+            before = gluon_calls[0]
             rows.append(harness.attention_row(row, contenders(kernels, d, hq, hk, seq, causal, not args.no_flex),
                                               flop))
+            row["ours_fwd_kernel"] = "Gluon" if gluon_calls[0] > before else "Triton"
             if row.get("ours_fwdbwd") and row.get("ours_det_fwdbwd"):
                 row["vs_det_fwdbwd"] = row["ours_fwdbwd"] / row["ours_det_fwdbwd"]
             print(row, flush=True)

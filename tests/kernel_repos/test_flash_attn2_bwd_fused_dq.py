@@ -107,19 +107,21 @@ def test_deterministic_keeps_the_dq_kernel(monkeypatch):
 
 def test_dq_mode_rule(monkeypatch):
     monkeypatch.setattr(bwd, "FUSED_DQ", None)
-    monkeypatch.setattr(configs, "FUSED_DQ_SM90", frozenset({128}))
-    assert bwd.dq_mode((9, 0), 128, "keys", False) == 2
-    assert bwd.dq_mode((9, 0), 128, "keys", True) == 0  # deterministic
-    assert bwd.dq_mode((9, 0), 256, "keys-2pass", False) == 0  # two passes: dK's pass is alone
-    assert bwd.dq_mode((9, 0), 64, "keys", False) == 0  # not in the table
-    assert bwd.dq_mode((8, 0), 128, "keys", False) == 0  # no bulk reduce before sm90
-    assert bwd.dq_mode((10, 0), 128, "keys", False) == 0  # measured on sm90 only
-    assert bwd.dq_mode(None, 128, "queries", False) == 0  # the interpreter follows the default...
+    monkeypatch.setattr(configs, "FUSED_DQ_SM90", {(128, True): 4096})
+    assert bwd.dq_mode((9, 0), 128, "keys", False, True, 4096) == 2
+    assert bwd.dq_mode((9, 0), 128, "keys", False, True, 4095) == 0  # fewer keys than measured faster
+    assert bwd.dq_mode((9, 0), 128, "keys", False, False, 4096) == 0  # not causal: not in the table
+    assert bwd.dq_mode((9, 0), 128, "keys", True, True, 4096) == 0  # deterministic
+    assert bwd.dq_mode((9, 0), 64, "keys", False, True, 4096) == 0  # head dim not in the table
+    assert bwd.dq_mode((8, 0), 128, "keys", False, True, 4096) == 0  # no bulk reduce before sm90
+    assert bwd.dq_mode((10, 0), 128, "keys", False, True, 4096) == 0  # measured on sm90 only
+    assert bwd.dq_mode(None, 128, "queries", False, True, 4096) == 0  # the interpreter follows the default...
     monkeypatch.setattr(bwd, "FUSED_DQ", True)
     assert bwd.dq_mode(None, 128, "queries", False) == 1  # ...unless forced, then atomics
-    assert bwd.dq_mode((9, 0), 256, "keys-2pass", False) == 0
+    assert bwd.dq_mode((9, 0), 256, "keys-2pass", False) == 0  # two passes: dK's pass is alone
+    assert bwd.dq_mode((9, 0), 128, "keys", True) == 0
     monkeypatch.setattr(bwd, "FUSED_DQ", False)
-    assert bwd.dq_mode((9, 0), 128, "keys", False) == 0
+    assert bwd.dq_mode((9, 0), 128, "keys", False, True, 1 << 20) == 0
 
 
 @pytest.mark.parametrize("varlen", [False, True])
@@ -127,7 +129,7 @@ def test_sm90_launches_one_dkdv_kernel_with_a_reduce_descriptor(varlen, monkeypa
     """What an sm90 GPU would launch for a head dim the table lists: delta, then dK/dV with a
     TMA descriptor over the fp32 accumulator (one box = one query block of one head); no dQ
     kernel. The compile-ahead asks for the same specialisations."""
-    monkeypatch.setattr(configs, "FUSED_DQ_SM90", frozenset({128}))
+    monkeypatch.setattr(configs, "FUSED_DQ_SM90", {(128, True): 64})
     hq, hk, d = 4, 2, 128
     if varlen:
         lens = [70, 3, 130]

@@ -84,7 +84,9 @@ def test_the_backward_compiled_ahead_is_the_backward_launched(name, capability, 
     real = [r for r in real if r.grid is not None]  # the backward's own compile request, then its launches
     # the dQ kernel runs unless dQ is reduced inside dK/dV (sm90, head dims the table lists)
     block_d = fwd.next_pow2_dim(q.shape[-1])
-    fused = bwd.dq_mode(capability, block_d, bwd._configs.pick("bwd", capability, block_d)[0][4], False)
+    keys = kw["max_seqlen_k"] if "max_seqlen_k" in kw else k.shape[1]
+    fused = bwd.dq_mode(capability, block_d, bwd._configs.pick("bwd", capability, block_d)[0][4], False,
+                        kw.get("causal", False), keys)
     assert [r.name for r in ahead] == [r.name for r in real] == \
         ["_delta_kernel", "_bwd_dkdv_kernel"] + ([] if fused else ["_bwd_dq_kernel"])
     for a, r in zip(ahead, real):

@@ -62,9 +62,12 @@ _BWD_SM90: Dict[int, tuple] = {
     128: ((64, 128, 8, 3, "keys"), (128, 64, 8, 3)),
     256: ((32, 128, 8, 2, "keys-2pass"), (128, 32, 8, 2)),
 }
-# Padded head dims whose sm90 backward computes dQ inside the dK/dV kernel (bulk reduce-adds
-# into an fp32 buffer, no dQ kernel; _triton_bwd.dq_mode). Measured in bench/NOTES.md.
-FUSED_DQ_SM90: frozenset = frozenset({64, 128})
+# (padded head dim, causal) -> the fewest keys per sequence from which the sm90 backward computes
+# dQ inside the dK/dV kernel (bulk reduce-adds into an fp32 buffer, no dQ kernel;
+# _triton_bwd.dq_mode). H200, forward+backward against the dQ kernel in one run: d=128 causal
+# 16k 1.045x (4k 0.98x, 1k 0.86x, non-causal 0.88-0.99x); d=64 causal 4k 1.07x (GQA 2k 0.97x,
+# non-causal 0.87-0.88x); bench/NOTES.md.
+FUSED_DQ_SM90: Dict[Tuple[int, bool], int] = {(128, True): 16384, (64, True): 4096}
 _BWD_SM80: Dict[int, tuple] = {
     32: ((64, 64, 4, 2, "keys"), (64, 64, 4, 2)),
     64: ((64, 64, 4, 2, "keys"), (64, 64, 4, 2)),

@@ -531,7 +531,7 @@ def attention_backward(
 
     def launches(cfg, dq_acc=None) -> list:
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
-        fused = dq_mode(cap, block_d, mode, deterministic)
+        fused = dq_mode(cap, block_d, mode, deterministic, causal, sk_max)
         if fused:
             dqa = dq_acc if fused == 1 else TensorDescriptor(dq_acc, [acc_rows, block_d], [block_d, 1], [bm_, block_d])
             args = dkdv_args[:12] + (dqa,) + dkdv_args[12:dkdv_tail] + (acc_sb, acc_rows_head) + dkdv_args[dkdv_tail:]
@@ -549,7 +549,7 @@ def attention_backward(
         return plan
 
     def launch(cfg):
-        fused = dq_mode(cap, block_d, cfg[0][4], deterministic)
+        fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
         dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device) if fused else None
         plan = launches(cfg, dq_acc)
         if cap is not None:
@@ -562,11 +562,11 @@ def attention_backward(
             torch.mul(acc.transpose(1, 2), softmax_scale, out=dq.unsqueeze(0) if varlen else dq)
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
-                   bool(dq_mode(cap, block_d, "keys", deterministic)))
+                   bool(dq_mode(cap, block_d, "keys", deterministic, causal, sk_max)))
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
         acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta") \
-            if dq_mode(cap, block_d, cfg[0][4], deterministic) else None
+            if dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max) else None
         return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in launches(cfg, acc)],
                                    q.device)
     launch(_configs.choose("bwd", cap, block_d, shape_class, config,
@@ -594,14 +594,20 @@ def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return attention_backward(out, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, compile_only=True, **options)
 
 
-def dq_mode(capability: Optional[Tuple[int, int]], block_d: int, mode: str, deterministic: bool) -> int:
+def dq_mode(capability: Optional[Tuple[int, int]], block_d: int, mode: str, deterministic: bool,
+            causal: bool = False, keys: int = 0) -> int:
     """How the backward computes dQ: 0 = its own kernel (recomputes the scores), 1 = atomics in
     the dK/dV kernel (the interpreter's form of 2, for tests), 2 = bulk reduce-adds in the dK/dV
-    kernel (sm90). ``FUSED_DQ`` forces 0 (False) or the fused form (True) when not None."""
+    kernel (sm90, where ``_configs.FUSED_DQ_SM90`` lists (block_d, causal) with at most ``keys``
+    keys per sequence). ``FUSED_DQ`` forces 0 (False) or the fused form (True) when not None.
+    Raises nothing."""
     if deterministic or mode.endswith("2pass"):
         return 0
-    fused = FUSED_DQ if FUSED_DQ is not None else (
-        capability is not None and capability[0] == 9 and block_d in _configs.FUSED_DQ_SM90)
+    if FUSED_DQ is not None:
+        fused = FUSED_DQ
+    else:
+        min_keys = _configs.FUSED_DQ_SM90.get((block_d, bool(causal)))
+        fused = capability is not None and capability[0] == 9 and min_keys is not None and keys >= min_keys
     if not fused:
         return 0
     return 1 if capability is None else 2
