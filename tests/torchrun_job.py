@@ -40,6 +40,10 @@ def main() -> None:
         with open(sys.argv[1], "w") as fh:
             json.dump({"sums": [float(g) for g in gathered], "source": res.source, "sha": res.sha,
                        "attn": model.config._attn_implementation, "world": dist.get_world_size()}, fh)
+    # every rank done (rank 0 has written the file) before any tears gloo down. Without it a
+    # rank sometimes aborted at exit under load ("terminate called without an active
+    # exception"); that this was the cause is a guess
+    dist.barrier()
     dist.destroy_process_group()
 
 

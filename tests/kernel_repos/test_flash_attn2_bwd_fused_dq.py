@@ -118,6 +118,7 @@ def test_dq_mode_rule(monkeypatch):
     assert bwd.dq_mode(None, 128, "queries", False, True, 4096) == 0  # the interpreter follows the default...
     monkeypatch.setattr(bwd, "FUSED_DQ", True)
     assert bwd.dq_mode(None, 128, "queries", False) == 1  # ...unless forced, then atomics
+    assert bwd.dq_mode((8, 0), 128, "keys", False) == 1  # forced before sm90: atomics, no bulk reduce
     assert bwd.dq_mode((9, 0), 256, "keys-2pass", False) == 0  # two passes: dK's pass is alone
     assert bwd.dq_mode((9, 0), 128, "keys", True) == 0
     monkeypatch.setattr(bwd, "FUSED_DQ", False)

@@ -597,10 +597,11 @@ def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 def dq_mode(capability: Optional[Tuple[int, int]], block_d: int, mode: str, deterministic: bool,
             causal: bool = False, keys: int = 0) -> int:
     """How the backward computes dQ: 0 = its own kernel (recomputes the scores), 1 = atomics in
-    the dK/dV kernel (the interpreter's form of 2, for tests), 2 = bulk reduce-adds in the dK/dV
-    kernel (sm90, where ``_configs.FUSED_DQ_SM90`` lists (block_d, causal) with at most ``keys``
-    keys per sequence). ``FUSED_DQ`` forces 0 (False) or the fused form (True) when not None.
-    Raises nothing."""
+    the dK/dV kernel (the interpreter's form of 2, for tests; also a forced fused form before
+    sm90, which has no bulk reduce), 2 = bulk reduce-adds in the dK/dV kernel (sm90, where
+    ``_configs.FUSED_DQ_SM90`` lists (block_d, causal) and ``keys``, the longest sequence's
+    keys, reaches its minimum). ``FUSED_DQ`` forces 0 (False) or the fused form (True) when not
+    None. Raises nothing."""
     if deterministic or mode.endswith("2pass"):
         return 0
     if FUSED_DQ is not None:
@@ -610,7 +611,7 @@ def dq_mode(capability: Optional[Tuple[int, int]], block_d: int, mode: str, dete
         fused = capability is not None and capability[0] == 9 and min_keys is not None and keys >= min_keys
     if not fused:
         return 0
-    return 1 if capability is None else 2
+    return 2 if capability is not None and capability[0] >= 9 else 1
 
 
 # None: dq_mode follows _configs.FUSED_DQ_SM90; True / False force it (benchmarks, tests)
