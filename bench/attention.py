@@ -113,8 +113,7 @@ def main() -> None:
                        ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b",
                        vs_det_fwdbwd="ours/deterministic f+b")
         if args.baseline:
-            columns.update(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
-                           vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
+            columns.update(harness.BASELINE_COLUMNS)
         path = harness.write_results(
             "attention", rows, title="Attention forward and forward+backward, TFLOP/s (bf16, 16k tokens per batch)",
             columns=columns, out_dir=args.out, commit=args.commit,

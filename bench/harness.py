@@ -32,6 +32,9 @@ API (everything else here is private):
     (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that; a forward of None is
     not timed), or ``<name>_error`` when it cannot run, then ``ratio_<part>`` (ours ÷ sdpa_cudnn) and ``vs_baseline_<part>``
     (ours ÷ baseline) where both sides ran; returns ``row``.
+``BASELINE_COLUMNS``
+    The column headings ``attention_row`` fills for a ``baseline`` contender (add them to a
+    table's ``columns`` when ``--baseline`` is given).
 ``environment(commit=None) -> dict``
     date (UTC), command line, git commit, device name and the versions of python, torch,
     triton, transformers, huggingface_hub and kernels (``None`` for what is not installed).
@@ -173,6 +176,10 @@ def ratio(a: Sequence[float], b: Sequence[float], *, resamples: int = 2000) -> R
                      for _ in range(resamples))
     return Ratio(statistics.median(per_round), medians[int(0.025 * resamples)],
                  medians[int(0.975 * resamples) - 1], min(per_round), max(per_round))
+
+
+BASELINE_COLUMNS = dict(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
+                        vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
 
 
 def attention_row(row: dict, contenders: Mapping[str, tuple], flop: float) -> dict:

@@ -88,8 +88,7 @@ def main() -> None:
                    ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b (padded)",
                    sdpa_flash_fwdbwd="FA2 f+b (padded)", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b")
     if args.baseline:
-        columns.update(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
-                       vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
+        columns.update(harness.BASELINE_COLUMNS)
     path = harness.write_results(
         "varlen", rows, title="Packed sequences: varlen beside SDPA on the zero-padded batch, TFLOP/s of real tokens (bf16)",
         columns=columns, out_dir=args.out, commit=args.commit,

@@ -511,11 +511,10 @@ def attention_backward(
                     (varlen, pre_m, block_d), 4, 3)  # Triton's defaults, as before the Launcher
     sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
     sdq, sdk, sdv = _strides3(dq, varlen), _strides3(dk, varlen), _strides3(dv, varlen)
-    # without DQA (inserted after alibi) and its two row strides (inserted at dkdv_tail)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
-                 *sdk, *sdv, *l3, *a2,
-                 sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
-    dkdv_tail = 12 + 23
+    # the dK/dV kernel's arguments around DQA (after alibi) and its two row strides (after a2)
+    dkdv_ptrs = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi)
+    dkdv_strides = (*sq, *sk, *sv, *sdo, *sdk, *sdv, *l3, *a2)
+    dkdv_rest = (sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
     dq_args = (q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
                *sdq, *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
@@ -529,14 +528,13 @@ def attention_backward(
     acc_rows = (1 if varlen else batch) * hq * acc_rows_head
     acc_sb = 0 if varlen else hq * acc_rows_head
 
-    def launches(cfg, dq_acc=None) -> list:
+    def launches(cfg, fused: int, dq_acc=None) -> list:
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
-        fused = dq_mode(cap, block_d, mode, deterministic, causal, sk_max)
         if fused:
             dqa = dq_acc if fused == 1 else TensorDescriptor(dq_acc, [acc_rows, block_d], [block_d, 1], [bm_, block_d])
-            args = dkdv_args[:12] + (dqa,) + dkdv_args[12:dkdv_tail] + (acc_sb, acc_rows_head) + dkdv_args[dkdv_tail:]
+            args = dkdv_ptrs + (dqa,) + dkdv_strides + (acc_sb, acc_rows_head) + dkdv_rest
         else:
-            args = dkdv_args[:12] + (None,) + dkdv_args[12:dkdv_tail] + (0, 0) + dkdv_args[dkdv_tail:]
+            args = dkdv_ptrs + (None,) + dkdv_strides + (0, 0) + dkdv_rest
         plan = [
             delta_launch,
             (_DKDV_TMA if fused == 2 else _DKDV, ((sk_max + bn_ - 1) // bn_, batch * hk, 1), args,
@@ -551,7 +549,7 @@ def attention_backward(
     def launch(cfg):
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
         dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device) if fused else None
-        plan = launches(cfg, dq_acc)
+        plan = launches(cfg, fused, dq_acc)
         if cap is not None:
             _launch.wait(_launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device))
         for kernel, grid, args, constexprs, warps, stages in plan:
@@ -565,9 +563,9 @@ def attention_backward(
                    bool(dq_mode(cap, block_d, "keys", deterministic, causal, sk_max)))
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
-        acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta") \
-            if dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max) else None
-        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in launches(cfg, acc)],
+        fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
+        acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta") if fused else None
+        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in launches(cfg, fused, acc)],
                                    q.device)
     launch(_configs.choose("bwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c))))
