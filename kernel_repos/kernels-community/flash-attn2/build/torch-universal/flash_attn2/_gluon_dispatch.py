@@ -82,3 +82,31 @@ def wants_gluon(capability: Optional[Tuple[int, int]], gluon_ok: bool, head_dim:
     min_tokens = faster.get((head_dim, bool(causal)))
     return (capability == (9, 0) and gluon_ok and plain and bf16 and layout_ok
             and min_tokens is not None and seqlen_q >= min_tokens)
+
+
+# The backward (``_gluon_bwd``): (head_dim, causal) -> the fewest keys per sequence from which
+# the Gluon dK/dV/dQ kernel measured faster than the Triton backward on the H200, in one run
+# beside it (``bench/attention.py``: ``ours f+b`` runs it, ``ours f+b deterministic`` the Triton
+# backward; figures in ``bench/results/attention.md``)
+MEASURED_FASTER_BWD: Mapping[Tuple[int, bool], int] = {
+    (64, False): 0,
+    (64, True): 0,
+    (128, False): 0,
+    (128, True): 0,
+}
+
+
+def wants_gluon_backward(capability: Optional[Tuple[int, int]], gluon_ok: bool, head_dim: int, causal: bool,
+                         seqlen_k: int, plain: bool, bf16: bool, deterministic: bool,
+                         faster: Optional[Mapping[Tuple[int, bool], int]] = None) -> bool:
+    """Whether a backward goes to the Gluon sm90 kernel: an sm90 GPU, a Triton release in
+    :data:`MEASURED_TRITON` with Gluon, a dense bf16 call with no seqused_k, window, softcap,
+    ALiBi or dropout (``plain``), not ``deterministic`` (its dQ adds in an order that varies),
+    and (head_dim, causal) in ``faster`` (default :data:`MEASURED_FASTER_BWD`) with at least its
+    number of keys. The layout check (``_gluon_bwd.supports``) is the caller's. Raises nothing.
+    """
+    if faster is None:
+        faster = MEASURED_FASTER_BWD
+    min_keys = faster.get((head_dim, bool(causal)))
+    return (capability == (9, 0) and gluon_ok and plain and bf16 and not deterministic
+            and min_keys is not None and seqlen_k >= min_keys)

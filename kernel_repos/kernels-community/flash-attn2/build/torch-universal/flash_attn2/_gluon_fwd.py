@@ -332,10 +332,14 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if q.dim() not in (3, 4) or tile_for(q.shape[-1]) is None or 0 in q.shape or 0 in k.shape:
         return False
-    for t in (q, k, v):
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
+    return all(copy_engine_reads(t) for t in (q, k, v))
+
+
+def copy_engine_reads(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can address ``t``: the base 16-byte aligned, unit stride along the
+    last dim, every other stride a multiple of 16 bytes. Raises nothing."""
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0
+                                                                 for s in t.stride()[:-1])
 
 
 @functools.lru_cache(maxsize=None)

@@ -559,8 +559,28 @@ def attention_backward(
             acc = dq_acc.view(1 if varlen else batch, hq, acc_rows_head, block_d)[..., :head_dim]
             torch.mul(acc.transpose(1, 2), softmax_scale, out=dq.unsqueeze(0) if varlen else dq)
 
+    if not compile_only and config is None and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max,
+                                                            deterministic):
+        from ._gluon_bwd import gluon_dkdv_dq
+
+        dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device)
+        kernel, grid, args, constexprs, warps, stages = delta_launch
+        kernel(grid, args, constexprs, warps, stages)
+        gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal)
+        acc = dq_acc.view(batch, hq, acc_rows_head, block_d)
+        torch.mul(acc.transpose(1, 2), softmax_scale, out=dq)
+        return dq, dk, dv
+
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
                    bool(dq_mode(cap, block_d, "keys", deterministic, causal, sk_max)))
+    if compile_only and config is None and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max,
+                                                        deterministic):
+        from ._gluon_bwd import compile_ahead
+
+        acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta")
+        kernel, _grid, args, constexprs, warps, stages = delta_launch
+        return _launch.compile_all([(kernel, args, constexprs, warps, stages)], q.device) + compile_ahead(
+            q, k, v, do, lse, delta, acc, dk, dv, softmax_scale=softmax_scale, causal=causal)
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
@@ -570,6 +590,27 @@ def attention_backward(
     launch(_configs.choose("bwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c))))
     return dq, dk, dv
+
+
+def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) -> bool:
+    """Whether this backward runs the Gluon sm90 kernel (``GLUON_BWD`` forces it either way when
+    not None; otherwise the rule ``_gluon_dispatch.wants_gluon_backward``). Only the calls the
+    kernel serves qualify: dense, no seqused_k / window / softcap / ALiBi / dropout, the
+    layout ``_gluon_bwd.supports`` checks."""
+    from . import _gluon_dispatch
+
+    # flags: (varlen, seqused, left, right, softcap, alibi, dropout, even_d); causal sets right
+    plain = not varlen and not any(flags[1:3]) and (causal or not flags[3]) and not any(flags[4:7])
+    if GLUON_BWD is False or not plain or cap is None or not _gluon_dispatch.gluon_available():
+        return False
+    if GLUON_BWD is None and not _gluon_dispatch.wants_gluon_backward(
+            cap, True, q.shape[-1], causal, keys, plain, q.dtype == torch.bfloat16, deterministic):
+        return False
+    if cap != (9, 0) or (GLUON_BWD and deterministic):
+        return False
+    from ._gluon_bwd import supports
+
+    return supports(q, k, v, do)
 
 
 def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -614,6 +655,9 @@ def dq_mode(capability: Optional[Tuple[int, int]], block_d: int, mode: str, dete
 
 # None: dq_mode follows _configs.FUSED_DQ_SM90; True / False force it (benchmarks, tests)
 FUSED_DQ: Optional[bool] = None
+# None: the Gluon sm90 backward runs where _gluon_dispatch.MEASURED_FASTER_BWD says; True / False
+# force it on (for the calls it serves) or off (benchmarks, tests)
+GLUON_BWD: Optional[bool] = None
 
 _DELTA = Launcher(_delta_kernel)
 _DKDV = Launcher(_bwd_dkdv_kernel)

@@ -1,0 +1,400 @@
+"""Gluon dK/dV/dQ backward kernel for Hopper (sm90): warp-specialised, five matmuls per block
+pair, dQ reduced into an fp32 buffer by a warp of its own.
+
+Entry point::
+
+    gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, *, softmax_scale, causal)
+
+dense q/do ``[B, Sq, Hq, D]``, k/v/dk/dv ``[B, Sk, Hk, D]``, lse/delta ``[B, Hq, Sq]`` fp32
+(natural-log lse, delta = rowsum(O * dO)), ``dq_acc`` ``[B * Hq * Sq, D]`` fp32 zeroed, rows
+head-major (``_triton_bwd``'s fused-dQ layout): the kernel adds the unscaled dQ into it and
+writes dK (scaled) and dV. :func:`supports` says which calls it serves.
+
+Why this shape (FlashAttention-3's backward, in Gluon's terms):
+
+* One program per block of 128 keys and KV head; it walks the query heads of its GQA group and
+  their 64-row query blocks (from the causal diagonal on). Four partitions: two consumer
+  warpgroups, each owning 64 of the 128 keys (its dK and dV accumulators, 64 x D fp32 each, stay
+  in registers for the whole program); one producer warp that streams Q and dO through a ring
+  of shared buffers (TMA, "ready" / "empty" mbarriers); one warp that takes each finished dQ
+  tile from shared memory and adds it to the fp32 buffer with a bulk (TMA) reduce-add, so the
+  consumers never wait for that reduce to read its source.
+* Tiles are [keys, queries] (S^T = K Q^T): P^T and dS^T stay in registers as the left operand
+  of dV += P^T dO and dK += dS^T Q. dQ = dS K needs all 128 keys: both consumers put their
+  half of dS^T into one shared tile, and each computes half of dQ's columns from all of it
+  (64 x D/2 fp32), which keeps a consumer's registers within the 240 it gets.
+* Key blocks touched by no mask (the causal diagonal, the keys' ragged end) run without the
+  compare and select; query rows past the end read zeros from the copy engine and lse +inf, so
+  they add nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Tuple
+
+import torch
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language import _core as _gl_core
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton._C.libtriton import ir
+
+from ._gluon_fwd import _tma_load, copy_engine_reads
+
+LOG2E = 1.4426950408889634
+
+@_gl_core.builtin
+def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
+    """Bulk (TMA) reduce-add of a shared tile into global memory (``cp.reduce.async.bulk.tensor``).
+
+    Gluon 3.6 has the op in its builder but no wrapper (later releases: ``tma.async_atomic_add``);
+    completion is tracked like a bulk store's (``tma.store_wait``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+_tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
+# a barrier among the calling partition's threads: gl.thread_barrier in 3.6, gl.barrier later
+_thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+BLOCK_M = 64   # query rows per step (one m64 wgmma row block... of the dQ product)
+BLOCK_N = 128  # keys per program: 64 per consumer warpgroup
+HEAD_DIMS = (64, 128)
+# (consumer, small partitions, kernel maxnreg) registers per thread: 4 + 4 consumer warps and two
+# one-warp partitions (one warpgroup between them) share the 64K-register file as
+# 240 x 256 + 24 x 128 <= 168 x 384
+REGS = (240, 24, 168)
+STAGES = 2     # Q / dO ring
+DS_STAGES = 2  # dS^T tiles
+DQ_STAGES = 2  # dQ tiles waiting for their reduce
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar,
+              qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, b, hk, n0, group, i_lo,
+              nsteps, STAGES: gl.constexpr):
+    BM: gl.constexpr = q_smem.shape[1]
+    D: gl.constexpr = q_smem.shape[2]
+    BN: gl.constexpr = k_smem.shape[0]
+    row_layout: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
+    offs = gl.arange(0, BM, layout=row_layout)
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    _tma_load(k_desc, [b, n0, hk, 0], kv_bar, k_smem.reshape([1, BN, 1, D]))
+    _tma_load(v_desc, [b, n0, hk, 0], kv_bar, v_smem.reshape([1, BN, 1, D]))
+    for t in range(group * nsteps):
+        g = t // nsteps
+        i = i_lo + t - g * nsteps
+        slot = t % STAGES
+        # mbarriers start with the phase before 0 complete: the first round of waits passes
+        mbarrier.wait(qdo_empty.index(slot), ((t // STAGES) & 1) ^ 1)
+        # the rows' lse (log2 units) and delta go into the slot too: the consumers read them from
+        # shared memory instead of waiting on global loads in each step; rows past the end get
+        # lse +inf and delta 0, so they add nothing
+        h = hk * group + g
+        offs_m = i * BM + offs
+        ok = offs_m < seqlen_q
+        row = b * stride_lb + h * stride_lh + offs_m
+        lse_smem.index(slot).store(gl.load(lse_ptr + row, mask=ok, other=float("inf")) * 1.4426950408889634)
+        delta_smem.index(slot).store(gl.load(delta_ptr + row, mask=ok, other=0.0))
+        _thread_barrier()
+        mbarrier.expect(qdo_ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        _tma_load(q_desc, [b, i * BM, h, 0], qdo_ready.index(slot),
+                  q_smem.index(slot).reshape([1, BM, 1, D]))
+        _tma_load(do_desc, [b, i * BM, h, 0], qdo_ready.index(slot),
+                  do_smem.index(slot).reshape([1, BM, 1, D]))
+
+
+@gluon.jit
+def _dq_writer(dq_desc, dq_smem, dq_full, dq_empty, acc_row0, acc_rows_head, group, i_lo, nsteps,
+               DQ_STAGES: gl.constexpr):
+    BM: gl.constexpr = dq_smem.shape[1]
+    for t in range(group * nsteps):
+        g = t // nsteps
+        i = i_lo + t - g * nsteps
+        s = t % DQ_STAGES
+        mbarrier.wait(dq_full.index(s), (t // DQ_STAGES) & 1)
+        _tma_reduce_add(dq_desc, [acc_row0 + g * acc_rows_head + i * BM, 0], dq_smem.index(s))
+        # the tile may be rewritten once the copy engine has read it
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(dq_empty.index(s))
+
+
+@gluon.jit
+def _publish(dst, value, bar):
+    """Store a warpgroup's tile for the copy engine or another partition's wgmma, then arrive once
+    on ``bar`` for the warpgroup: the fence orders the stores before those async reads, and the
+    barrier puts every thread's share in place before the one arrival."""
+    dst.store(value)
+    fence_async_shared()
+    _thread_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _step(t, i, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, qdo_ready, qdo_empty,
+          ds_full, ds_empty, dq_full, dq_empty, dk, dv, offs_n, seqlen_q, seqlen_k, qk_scale,
+          W: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+          DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr):
+    """Query block i (ring step t) for one consumer's 64 keys: dV, dK and its half of dQ."""
+    BM: gl.constexpr = q_smem.shape[1]
+    D: gl.constexpr = q_smem.shape[2]
+    KW: gl.constexpr = kw.shape[0]
+    HALF_D: gl.constexpr = k_half.shape[1]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF_D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+
+    slot = t % STAGES
+    mbarrier.wait(qdo_ready.index(slot), (t // STAGES) & 1)
+    q = q_smem.index(slot)
+    do = do_smem.index(slot)
+    s_tok = warpgroup_mma(kw, q.permute((1, 0)), gl.zeros([KW, BM], gl.float32, s_layout), use_acc=False,
+                          is_async=True)
+    dp_tok = warpgroup_mma(vw, do.permute((1, 0)), gl.zeros([KW, BM], gl.float32, s_layout), use_acc=False,
+                           is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    lse2 = lse_smem.index(slot).load(gl.SliceLayout(0, s_layout))
+    if MASK:
+        offs_m = i * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, s_layout))
+        keep = offs_n[:, None] < seqlen_k
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q))
+        s = gl.where(keep, s, float("-inf"))
+    p = gl.exp2(s * qk_scale - lse2[None, :])
+    delta = delta_smem.index(slot).load(gl.SliceLayout(0, s_layout))
+    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
+    ds = (p * (dp - delta[None, :])).to(dtype)
+    dv = warpgroup_mma(gl.convert_layout(p.to(dtype), a_layout), do, dv, is_async=True)
+
+    dslot = t % DS_STAGES
+    mbarrier.wait(ds_empty.index(dslot), ((t // DS_STAGES) & 1) ^ 1)
+    _publish(ds_smem.index(dslot).slice(W * KW, KW, dim=0), ds, ds_full.index(dslot))
+    dk = warpgroup_mma(gl.convert_layout(ds, a_layout), q, dk, is_async=True)
+    mbarrier.wait(ds_full.index(dslot), (t // DS_STAGES) & 1)
+    dq_tok = warpgroup_mma(ds_smem.index(dslot).permute((1, 0)), k_half,
+                           gl.zeros([BM, HALF_D], gl.float32, dq_layout), use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
+    mbarrier.arrive(qdo_empty.index(slot))
+    mbarrier.arrive(ds_empty.index(dslot))
+
+    qslot = t % DQ_STAGES
+    mbarrier.wait(dq_empty.index(qslot), ((t // DQ_STAGES) & 1) ^ 1)
+    _publish(dq_smem.index(qslot).slice(W * HALF_D, HALF_D, dim=1), dq, dq_full.index(qslot))
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
+              qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn, stride_dkh,
+              stride_dvb, stride_dvn, stride_dvh, b, hk, n0, group, i_lo, nsteps, n_mask,
+              seqlen_q, seqlen_k, qk_scale, sm_scale, W: gl.constexpr, CAUSAL: gl.constexpr,
+              STAGES: gl.constexpr, DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr):
+    BN: gl.constexpr = k_smem.shape[0]
+    D: gl.constexpr = k_smem.shape[1]
+    KW: gl.constexpr = BN // 2
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, q_smem.shape[1], 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, D, 16])
+    kw = k_smem.slice(W * KW, KW, dim=0)
+    vw = v_smem.slice(W * KW, KW, dim=0)
+    k_half = k_smem.slice(W * (D // 2), D // 2, dim=1)
+    offs_n = n0 + W * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, s_layout))
+    dk = gl.zeros([KW, D], gl.float32, acc_layout)
+    dv = gl.zeros([KW, D], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    for g in range(group):
+        t0 = g * nsteps
+        # the blocks a mask touches (the causal diagonal; all of them for the keys' ragged end),
+        # then the rest without the compare and select
+        for j in range(0, n_mask):
+            dk, dv = _step(t0 + j, i_lo + j, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                           qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv, offs_n,
+                           seqlen_q, seqlen_k, qk_scale, W, True, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)
+        for j in range(n_mask, nsteps):
+            dk, dv = _step(t0 + j, i_lo + j, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+                           qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv, offs_n,
+                           seqlen_q, seqlen_k, qk_scale, W, False, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)
+    offs_r = n0 + W * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+    ok = offs_r[:, None] < seqlen_k
+    rows = offs_r.to(gl.int64)[:, None]
+    gl.store(dk_ptr + b.to(gl.int64) * stride_dkb + hk * stride_dkh + rows * stride_dkn + offs_d[None, :],
+             (dk * sm_scale).to(dtype), mask=ok)
+    gl.store(dv_ptr + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows * stride_dvn + offs_d[None, :],
+             dv.to(dtype), mask=ok)
+
+
+@gluon.jit
+def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, stride_dkb, stride_dkn, stride_dkh,
+                    stride_dvb, stride_dvn, stride_dvh, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q,
+                    seqlen_k, heads_q, heads_k, qk_scale, sm_scale,
+                    CAUSAL: gl.constexpr, STAGES: gl.constexpr, DS_STAGES: gl.constexpr,
+                    DQ_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, SMALL_REGS: gl.constexpr):
+    BM: gl.constexpr = q_desc.block_type.shape[1]
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    BN: gl.constexpr = k_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // heads_k
+    hk = bh % heads_k
+    group = heads_q // heads_k
+    n0 = pid_n * BN
+    diag = seqlen_k - seqlen_q
+    nqb = (seqlen_q + BM - 1) // BM
+    if CAUSAL:
+        # query m sees key n when n <= m + diag: the first block with a row that sees one of
+        # these keys, and the first whose rows all see all of them
+        i_lo = gl.minimum(gl.maximum(n0 - diag, 0) // BM, nqb)
+        i_full = (gl.maximum(n0 + BN - 1 - diag, 0) + BM - 1) // BM
+        n_mask = gl.minimum(gl.maximum(i_full, i_lo), nqb) - i_lo
+    else:
+        i_lo = 0
+        n_mask = 0
+    nsteps = nqb - i_lo
+    if n0 + BN > seqlen_k:
+        n_mask = nsteps
+    acc_rows_head = seqlen_q
+    acc_row0 = (b * heads_q + hk * group) * acc_rows_head
+
+    qd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D], dtype)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
+    dq_layout: gl.constexpr = dq_desc.layout
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [DS_STAGES, BN, BM], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BM, D], dq_layout)
+    row_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BM], row_smem)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BM], row_smem)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
+    ds_empty = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(qdo_ready.index(s), count=1)
+        mbarrier.init(qdo_empty.index(s), count=2)
+    for s in gl.static_range(DS_STAGES):
+        mbarrier.init(ds_full.index(s), count=2)
+        mbarrier.init(ds_empty.index(s), count=2)
+    for s in gl.static_range(DQ_STAGES):
+        mbarrier.init(dq_full.index(s), count=2)
+        mbarrier.init(dq_empty.index(s), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
+                     qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
+                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, group, i_lo, nsteps, n_mask,
+                     seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
+                     qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
+                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, group, i_lo, nsteps, n_mask,
+                     seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
+        (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar,
+                     qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, b, hk, n0, group,
+                     i_lo, nsteps, STAGES)),
+        (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, acc_row0, acc_rows_head, group, i_lo, nsteps,
+                      DQ_STAGES)),
+    ], [4, 1, 1], [CONSUMER_REGS, SMALL_REGS, SMALL_REGS])
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
+    """Whether dense bf16 q/k/v/do ``[B, S, H, D]`` meet this kernel's layout needs (a head dim in
+    :data:`HEAD_DIMS`, 16-byte aligned bases and strides, unit stride along D). Raises nothing."""
+    if not (q.dtype == k.dtype == v.dtype == do.dtype == torch.bfloat16) or q.dim() != 4:
+        return False
+    if q.shape[-1] not in HEAD_DIMS or 0 in q.shape or 0 in k.shape:
+        return False
+    return all(copy_engine_reads(t) for t in (q, k, v, do))
+
+
+@functools.lru_cache(maxsize=None)
+def _layout_bf16(rows: int, head_dim: int) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], gl.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _layout_dq() -> gl.NVMMASharedLayout:
+    # 128-byte swizzle: the consumers' stores of their dQ halves from wgmma's register layout
+    # would hit one bank 8 times over in rows of 512 bytes unswizzled; the copy engine takes the
+    # [64, D] tile as D/32 boxes of one swizzle span each
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    d = t.shape[-1]
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, d], _layout_bf16(rows, d))
+
+
+def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal) -> Tuple[tuple, tuple, dict]:
+    """(grid, positional arguments, keyword arguments) of one launch."""
+    batch, seqlen_q, heads_q, d = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [BLOCK_M, d], _layout_dq())
+    grid = (triton.cdiv(seqlen_k, BLOCK_N), batch * heads_k)
+    args = (_descriptor(q, BLOCK_M), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), _descriptor(do, BLOCK_M),
+            dq_desc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse, delta, lse.stride(0), lse.stride(1),
+            seqlen_q, seqlen_k, heads_q, heads_k, float(softmax_scale) * LOG2E, float(softmax_scale))
+    kwargs = dict(CAUSAL=bool(causal), STAGES=STAGES, DS_STAGES=DS_STAGES, DQ_STAGES=DQ_STAGES,
+                  CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], num_warps=4, maxnreg=REGS[2])
+    return grid, args, kwargs
+
+
+def gluon_dkdv_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                  delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
+                  softmax_scale: float, causal: bool) -> None:
+    """Launch the kernel (see the module docstring); the caller checked :func:`supports`, made
+    ``delta`` and zeroed ``dq_acc``. Raises what Triton raises on compile errors."""
+    grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal)
+    _gluon_attn_bwd[grid](*args, **kwargs)
+
+
+_AHEAD: set = set()
+
+
+def compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                  delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
+                  softmax_scale: float, causal: bool) -> list:
+    """Start compiling, on flash_attn2's compile threads (``_launch``), the specialisation a
+    launch with these arguments needs, once per (device, head_dim, causal) in a process; returns
+    the Futures (see ``_launch.compile_all``). The tensors may be ``meta`` tensors shaped like
+    the real ones. Raises nothing itself: a compile error surfaces in the Future."""
+    from . import _launch
+
+    key = (q.device, q.shape[-1], bool(causal))
+    if _launch.COMPILE_THREADS <= 0 or key in _AHEAD:
+        return []
+    _AHEAD.add(key)
+    grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal)
+    device = q.device
+
+    def one() -> None:
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _gluon_attn_bwd.warmup(*args, grid=grid, **kwargs)
+
+    return [_launch._pool().submit(one)]

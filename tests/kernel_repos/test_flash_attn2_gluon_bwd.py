@@ -1,0 +1,224 @@
+"""When the flash-attn2 backward runs the Gluon sm90 kernel (``_gluon_bwd``), and that everything
+else keeps the Triton backward.
+
+The kernel itself runs only on an sm90 GPU (``bench/check_gpu.py`` and flash-attention's own tests
+check it there, ``bench/attention.py`` times it beside the Triton backward); here the CPU walks
+the dispatch rule, the host code around the launch (the dQ buffer and the epilogue that scales
+and lays it out), the compile-ahead, and compiles the kernel for sm90 with the installed Triton
+to see the instructions it is built on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from flash_ref import PACKAGE_DIR, assert_out_and_grads_close, load_flash_attn2, reference
+from launch_record import recording
+
+fa = load_flash_attn2()
+dispatch = importlib.import_module(fa.__name__ + "._gluon_dispatch")
+bwd = importlib.import_module(fa.__name__ + "._triton_bwd")
+
+PLAIN = dict(capability=(9, 0), gluon_ok=True, head_dim=128, causal=True, seqlen_k=4096, plain=True, bf16=True,
+             deterministic=False)
+
+
+def _gluon_bwd():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    return importlib.import_module(fa.__name__ + "._gluon_bwd")
+
+
+def test_measured_head_dims_run_the_gluon_backward_on_sm90():
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            assert dispatch.wants_gluon_backward(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_k": 1})
+
+
+@pytest.mark.parametrize("change", [
+    dict(capability=(8, 0)), dict(capability=(10, 0)), dict(capability=None), dict(gluon_ok=False),
+    dict(plain=False), dict(bf16=False), dict(deterministic=True), dict(head_dim=256), dict(head_dim=96),
+], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_anything_else_keeps_the_triton_backward(change):
+    assert not dispatch.wants_gluon_backward(**{**PLAIN, **change})
+
+
+def test_a_backward_pair_can_require_a_minimum_of_keys():
+    table = {(128, True): 2048}
+    assert not dispatch.wants_gluon_backward(**{**PLAIN, "seqlen_k": 2047}, faster=table)
+    assert dispatch.wants_gluon_backward(**{**PLAIN, "seqlen_k": 2048}, faster=table)
+    assert not dispatch.wants_gluon_backward(**PLAIN, faster={})
+
+
+def _as_sm90_with_gluon(monkeypatch):
+    _gluon_bwd()
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", True)
+    monkeypatch.setattr(bwd, "GLUON_BWD", None)
+
+
+def _dense(d=128, dtype=torch.bfloat16, hq=4, hk=2):
+    q = torch.randn(2, 100, hq, d, dtype=dtype)
+    k = torch.randn(2, 90, hk, d, dtype=dtype)
+    return q, k, torch.randn_like(k), torch.randn_like(q)
+
+
+def _wanted(q, k, v, do, *, varlen=False, seqused=False, left=-1, right=-1, softcap=0.0, alibi=False, dropout=0.0,
+            causal=True, deterministic=False, cap=(9, 0)):
+    if causal:
+        right = 0
+    flags = (varlen, seqused, left >= 0, right >= 0, softcap > 0, alibi, dropout > 0, True)
+    return bwd._gluon_wanted(q, k, v, do, cap, varlen, flags, causal, k.shape[1], deterministic)
+
+
+def test_only_plain_dense_bf16_calls_reach_the_gluon_backward(monkeypatch):
+    _as_sm90_with_gluon(monkeypatch)
+    q, k, v, do = _dense()
+    assert _wanted(q, k, v, do) and _wanted(q, k, v, do, causal=False)
+    for change in (dict(varlen=True), dict(seqused=True), dict(left=8), dict(causal=False, right=4),
+                   dict(softcap=5.0), dict(alibi=True), dict(dropout=0.1), dict(deterministic=True),
+                   dict(cap=(8, 0)), dict(cap=None)):
+        assert not _wanted(q, k, v, do, **change), change
+    assert not _wanted(*_dense(dtype=torch.float16))
+    assert not _wanted(*_dense(d=96))
+    odd = torch.randn(2, 100, 4, 129, dtype=torch.bfloat16)[..., :128]  # rows 258 bytes apart: no TMA
+    assert not _wanted(odd, k, v, do)
+    monkeypatch.setattr(bwd, "GLUON_BWD", False)
+    assert not _wanted(q, k, v, do)
+    # forced on, it still serves only what it can: not a deterministic call, not a window
+    monkeypatch.setattr(bwd, "GLUON_BWD", True)
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER_BWD", {})
+    assert _wanted(q, k, v, do) and not _wanted(q, k, v, do, deterministic=True) and not _wanted(q, k, v, do, left=8)
+
+
+def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(monkeypatch):
+    """What an sm90 GPU would run for a plain call: the delta kernel, then the Gluon kernel with a
+    zeroed fp32 buffer of head-major rows; dQ is that buffer times the softmax scale, laid out
+    like q. The kernel's part is played by a fill of the buffer with known values."""
+    gb = _gluon_bwd()
+    _as_sm90_with_gluon(monkeypatch)
+    q, k, v, do = _dense()
+    lse = torch.randn(2, 4, 100)
+    seen = {}
+
+    def kernel(q_, k_, v_, do_, lse_, delta_, dq_acc, dk, dv, *, softmax_scale, causal):
+        seen.update(zeroed=bool((dq_acc == 0).all()), shape=tuple(dq_acc.shape), dtype=dq_acc.dtype,
+                    scale=softmax_scale, causal=causal)
+        dq_acc.copy_(torch.arange(dq_acc.numel(), dtype=torch.float32).view_as(dq_acc))
+        dk.fill_(1.0)
+        dv.fill_(2.0)
+
+    monkeypatch.setattr(gb, "gluon_dkdv_dq", kernel)
+    with recording(fa, monkeypatch) as recorded:
+        dq, dk, dv = bwd.attention_backward(do, q, k, v, do, lse, causal=True, softmax_scale=0.25)
+    assert [l.name for l in recorded if l.grid is not None] == ["_delta_kernel"]
+    assert seen == dict(zeroed=True, shape=(2 * 4 * 100, 128), dtype=torch.float32, scale=0.25, causal=True)
+    # buffer row (b, h, token) -> dq[b, token, h], times the scale
+    want = (torch.arange(2 * 4 * 100 * 128, dtype=torch.float32).view(2, 4, 100, 128).transpose(1, 2) * 0.25)
+    assert torch.equal(dq, want.to(torch.bfloat16))
+    assert dq.shape == q.shape and bool((dk == 1).all()) and bool((dv == 2).all())
+
+
+def test_compile_ahead_starts_the_gluon_compile_once_per_class(monkeypatch):
+    gb = _gluon_bwd()
+    _as_sm90_with_gluon(monkeypatch)
+    monkeypatch.setattr(gb, "_AHEAD", set())
+    launch_mod = importlib.import_module(fa.__name__ + "._launch")
+    monkeypatch.setattr(launch_mod, "COMPILE_THREADS", 2)
+    warmed = []
+
+    class Kernel:
+        @staticmethod
+        def warmup(*args, grid, **kwargs):
+            warmed.append((grid, kwargs["CAUSAL"], len(args)))
+
+    monkeypatch.setattr(gb, "_gluon_attn_bwd", Kernel)
+    q, k, v, _ = _dense()
+    with recording(fa, monkeypatch) as recorded:
+        first = bwd.prepare_backward(q, k, v, causal=True, softmax_scale=0.1)
+        again = bwd.prepare_backward(q, k, v, causal=True, softmax_scale=0.1)
+    for f in first + again:
+        f.result()
+    # one compile, for the launch's grid (one block of 90 keys, 2 batches x 2 KV heads), causal
+    assert [(grid, causal) for grid, causal, _ in warmed] == [((1, 4), True)]
+    assert len(first) == 1 and again == []  # the Gluon compile (the recording starts no delta compile)
+    # the delta kernel is asked for as well (recorded as a compile, grid None); no Triton dK/dV or dQ
+    assert [l.name for l in recorded] == ["_delta_kernel", "_delta_kernel"]
+
+
+def test_the_interpreter_never_reaches_the_gluon_backward(monkeypatch):
+    gb = _gluon_bwd()
+    calls = []
+    monkeypatch.setattr(gb, "gluon_dkdv_dq", lambda *a, **kw: calls.append(1))
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", True)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 24, 2, 64, dtype=torch.float16).requires_grad_() for _ in range(3))
+    out = fa.flash_attn_func(q, k, v, causal=True)
+    do = torch.randn_like(out)
+    out.backward(do)
+    assert calls == []
+    rq, rk, rv = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_out, _ = reference(rq, rk, rv, causal=True)
+    ref_out.backward(do.double())
+    assert_out_and_grads_close(out, ref_out, (q, k, v), (rq, rk, rv), 3e-3)
+
+
+# Compiles in a child process: this one runs Triton under TRITON_INTERPRET=1 (conftest).
+_COMPILE_FOR_SM90 = """
+import importlib.util, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+
+package_dir, head_dim, causal = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+spec = importlib.util.spec_from_file_location("_fa2_sm90", package_dir + "/__init__.py",
+                                              submodule_search_locations=[package_dir])
+pkg = importlib.util.module_from_spec(spec)
+sys.modules["_fa2_sm90"] = pkg
+spec.loader.exec_module(pkg)
+import _fa2_sm90._gluon_bwd as gb
+
+q = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
+acc = torch.empty(2 * 4 * 256, head_dim, dtype=torch.float32)
+lse = torch.empty(2, 4, 256, dtype=torch.float32)
+grid, args, kwargs = gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal)
+fn = gb._gluon_attn_bwd
+names = list(fn.arg_names)
+constants = {n: kwargs[n] for n in names if n in kwargs}
+values = dict(zip([n for n in names if n not in constants], args))
+signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n in names}
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
+c = triton.compile(GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs),
+                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=gb.REGS[2]))
+sys.stdout.write(f"SHARED {c.metadata.shared}\\n" + c.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("head_dim, causal", [(128, True), (64, False)])
+def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_dim, causal, tmp_path):
+    _gluon_bwd()
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal))],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shared, ptx = done.stdout.split("\n", 1)
+    assert int(shared.split()[1]) <= 227 * 1024  # what one Hopper block may take
+    # per query block and consumer: S^T and dP^T (n = 64 queries), dV and dK (n = head_dim), its
+    # half of dQ (n = head_dim / 2), in a masked and an unmasked loop for each of two consumers
+    shapes = Counter(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
+    per_loop = Counter({64: 2 * (head_dim // 16)}) + Counter({head_dim: 2 * (64 // 16)}) + Counter(
+        {head_dim // 2: 128 // 16})
+    assert shapes == Counter({n: 4 * c for n, c in per_loop.items()})
+    # dQ leaves through the copy engine's reduce-add (one box per 128-byte swizzle span)
+    assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)) == head_dim // 32
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global", ptx)  # Q, K, V, dO loads
+    assert ".local" not in ptx
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+240;", ptx)
