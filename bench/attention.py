@@ -81,17 +81,17 @@ def contenders(kernels: dict, d: int, hq: int, hk: int, seq: int, causal: bool, 
     return timed
 
 
-def count_gluon_calls(fa) -> list:
-    """Wrap the kernel's Gluon forward so that a one-element counter says how often it ran (the
-    table then names the forward each row ran: the dispatch rule decides it per call)."""
-    gluon = importlib.import_module(fa.__name__ + "._gluon_fwd")
+def count_calls(fa, module: str, function: str) -> list:
+    """Wrap one of the kernel's Gluon entry points so that a one-element counter says how often it
+    ran (the table then names the kernels each row ran: the dispatch rules decide per call)."""
+    mod = importlib.import_module(f"{fa.__name__}.{module}")
     calls = [0]
-    real = gluon.gluon_attention_forward
+    real = getattr(mod, function)
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return real(*args, **kwargs)
-    gluon.gluon_attention_forward = counted
+    setattr(mod, function, counted)
     return calls
 
 
@@ -102,11 +102,13 @@ def main() -> None:
     import torch
 
     kernels = harness.kernels(args.baseline)
-    gluon_calls = count_gluon_calls(kernels["ours"])
+    gluon_calls = count_calls(kernels["ours"], "_gluon_fwd", "gluon_attention_forward")
+    gluon_bwd_calls = count_calls(kernels["ours"], "_gluon_bwd", "gluon_dkdv_dq")
     rows = []
 
     def write():
         columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal", ours_fwd_kernel="ours fwd kernel",
+                       ours_bwd_kernel="ours bwd kernel",
                        ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd", sdpa_flash_fwd="FA2 fwd", flex_fwd="Flex fwd",
                        ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b", sdpa_flash_fwdbwd="FA2 f+b",
                        flex_fwdbwd="Flex f+b", ours_det_fwdbwd="ours f+b deterministic",
@@ -119,18 +121,21 @@ def main() -> None:
             columns=columns, out_dir=args.out, commit=args.commit,
             notes=["Medians of triton.testing.do_bench; FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
                    "forward+backward. SDPA and Flex get [B, H, S, D] views, the kernel [B, S, H, D].",
-                   "'deterministic': the kernel called with deterministic=True (dQ in its own kernel); the default "
-                   "backward on sm90 reduces dQ inside the dK/dV kernel where _configs.FUSED_DQ_SM90 lists the head dim."])
+                   "'ours bwd kernel': the backward the default call ran (Gluon: dQ reduced inside the dK/dV/dQ "
+                   "kernel, _gluon_dispatch.MEASURED_FASTER_BWD; Triton: the Triton kernels). 'deterministic': the "
+                   "kernel called with deterministic=True, which always runs the Triton backward with dQ in its own "
+                   "kernel."])
         return path
 
     for d, hq, hk, seq in ROWS:
         for causal in (False, True):
             flop = 4 * (TOKENS // seq) * hq * seq * seq * d / (2 if causal else 1)
             row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal)
-            before = gluon_calls[0]
+            before, before_bwd = gluon_calls[0], gluon_bwd_calls[0]
             rows.append(harness.attention_row(row, contenders(kernels, d, hq, hk, seq, causal, not args.no_flex),
                                               flop))
             row["ours_fwd_kernel"] = "Gluon" if gluon_calls[0] > before else "Triton"
+            row["ours_bwd_kernel"] = "Gluon" if gluon_bwd_calls[0] > before_bwd else "Triton"
             if row.get("ours_fwdbwd") and row.get("ours_det_fwdbwd"):
                 row["vs_det_fwdbwd"] = row["ours_fwdbwd"] / row["ours_det_fwdbwd"]
             print(row, flush=True)
