@@ -54,8 +54,9 @@ def flash_attn_func(
     """Attention over ``[B, S, H, D]`` tensors, differentiable.
 
     ``deterministic=True`` makes the backward bitwise repeatable. By default the sm90 backward
-    may add dQ's shares through reduce-adds whose order varies (last bits of dQ; see
-    ``_triton_bwd.dq_mode``); elsewhere the backward is deterministic either way.
+    may add dQ's shares through reduce-adds whose order varies (last bits of dQ; the Gluon
+    backward, ``_gluon_dispatch.wants_gluon_backward``, and ``_triton_bwd.dq_mode``); elsewhere
+    the backward is deterministic either way.
     Raises ValueError / NotImplementedError as the module docstring says.
     """
     out, lse = _attention(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
