@@ -79,14 +79,24 @@ def main() -> None:
             timed = {name: (_no_grad(fwd), lambda fwd=fwd, leaves=leaves, grad=grad:
                             torch.autograd.grad(fwd(), leaves, grad))
                      for name, (fwd, leaves, grad) in calls.items()}
+
+            # the same kernel asked for a bitwise-repeatable backward (the Triton kernels, dQ in
+            # its own kernel) beside its default (on sm90 where the dispatch table says: Gluon)
+            def deterministic(fa=kernels["ours"], causal=causal):
+                out = fa.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal, deterministic=True)
+                torch.autograd.grad(out, (q, k, v), do)
+            timed["ours_det"] = (None, deterministic)
             rows.append(harness.attention_row(row, timed, flop))
+            if row.get("ours_fwdbwd") and row.get("ours_det_fwdbwd"):
+                row["vs_det_fwdbwd"] = row["ours_fwdbwd"] / row["ours_det_fwdbwd"]
             print(row, flush=True)
         del q, k, v, pq, pk, pv
         torch.cuda.empty_cache()
     columns = dict(head_dim="d", causal="causal", sequences="sequences", max_len="longest",
                    ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd (padded)", sdpa_flash_fwd="FA2 fwd (padded)",
                    ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b (padded)",
-                   sdpa_flash_fwdbwd="FA2 f+b (padded)", ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b")
+                   sdpa_flash_fwdbwd="FA2 f+b (padded)", ours_det_fwdbwd="ours f+b deterministic",
+                   ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b", vs_det_fwdbwd="ours/deterministic f+b")
     if args.baseline:
         columns.update(harness.BASELINE_COLUMNS)
     path = harness.write_results(
@@ -94,7 +104,9 @@ def main() -> None:
         columns=columns, out_dir=args.out, commit=args.commit,
         notes=[f"{len(lens)} sequences of 128-4096 tokens (seeded), {TOKENS} tokens in all, {HEADS} heads; "
                "medians of triton.testing.do_bench. FLOPs of the real tokens only (4·H·n²·D per "
-               "sequence, halved when causal; 3.5x for forward+backward)."],
+               "sequence, halved when causal; 3.5x for forward+backward). 'deterministic': the kernel called "
+               "with deterministic=True, which runs the Triton backward (dQ in its own kernel); the default runs "
+               "the Gluon backward where _gluon_dispatch.MEASURED_FASTER_BWD_VARLEN lists the head dim."],
         extra=dict(lengths=lens))
     print(path.read_text())
 

@@ -81,7 +81,7 @@ def test_only_plain_dense_bf16_calls_reach_the_gluon_backward(monkeypatch):
     _as_sm90_with_gluon(monkeypatch)
     q, k, v, do = _dense()
     assert _wanted(q, k, v, do) and _wanted(q, k, v, do, causal=False)
-    for change in (dict(varlen=True), dict(seqused=True), dict(left=8), dict(causal=False, right=4),
+    for change in (dict(seqused=True), dict(left=8), dict(causal=False, right=4),
                    dict(softcap=5.0), dict(alibi=True), dict(dropout=0.1), dict(deterministic=True),
                    dict(cap=(8, 0)), dict(cap=None)):
         assert not _wanted(q, k, v, do, **change), change
@@ -97,31 +97,58 @@ def test_only_plain_dense_bf16_calls_reach_the_gluon_backward(monkeypatch):
     assert _wanted(q, k, v, do) and not _wanted(q, k, v, do, deterministic=True) and not _wanted(q, k, v, do, left=8)
 
 
-def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(monkeypatch):
+def test_packed_calls_follow_their_own_table(monkeypatch):
+    _as_sm90_with_gluon(monkeypatch)
+    q = torch.randn(300, 4, 128, dtype=torch.bfloat16)  # [total, heads, dim]
+    k = torch.randn(280, 2, 128, dtype=torch.bfloat16)
+    v, do = torch.randn_like(k), torch.randn_like(q)
+    assert _wanted(q, k, v, do, varlen=True)
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER_BWD_VARLEN", {})
+    assert not _wanted(q, k, v, do, varlen=True)
+    assert _wanted(*_dense())  # the dense table still decides for dense calls
+    monkeypatch.setattr(dispatch, "MEASURED_FASTER_BWD_VARLEN", {(128, True): 281})
+    assert not _wanted(q, k, v, do, varlen=True)  # the longest sequence's keys (here 280) count
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(varlen, monkeypatch):
     """What an sm90 GPU would run for a plain call: the delta kernel, then the Gluon kernel with a
     zeroed fp32 buffer of head-major rows; dQ is that buffer times the softmax scale, laid out
     like q. The kernel's part is played by a fill of the buffer with known values."""
     gb = _gluon_bwd()
     _as_sm90_with_gluon(monkeypatch)
-    q, k, v, do = _dense()
-    lse = torch.randn(2, 4, 100)
+    if varlen:
+        cu = torch.tensor([0, 70, 200], dtype=torch.int32)
+        q = torch.randn(200, 4, 128, dtype=torch.bfloat16)
+        k = torch.randn(200, 2, 128, dtype=torch.bfloat16)
+        v, do = torch.randn_like(k), torch.randn_like(q)
+        lse = torch.randn(4, 200)
+        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=130, max_seqlen_k=130)
+        batches, tokens = 1, 200  # the buffer's rows: (head, token) over all the packed tokens
+    else:
+        q, k, v, do = _dense()
+        lse = torch.randn(2, 4, 100)
+        kw = {}
+        batches, tokens = 2, 100
     seen = {}
 
-    def kernel(q_, k_, v_, do_, lse_, delta_, dq_acc, dk, dv, *, softmax_scale, causal):
+    def kernel(q_, k_, v_, do_, lse_, delta_, dq_acc, dk, dv, *, softmax_scale, causal, **packed):
         seen.update(zeroed=bool((dq_acc == 0).all()), shape=tuple(dq_acc.shape), dtype=dq_acc.dtype,
-                    scale=softmax_scale, causal=causal)
+                    scale=softmax_scale, causal=causal, packed=sorted(packed))
         dq_acc.copy_(torch.arange(dq_acc.numel(), dtype=torch.float32).view_as(dq_acc))
         dk.fill_(1.0)
         dv.fill_(2.0)
 
     monkeypatch.setattr(gb, "gluon_dkdv_dq", kernel)
     with recording(fa, monkeypatch) as recorded:
-        dq, dk, dv = bwd.attention_backward(do, q, k, v, do, lse, causal=True, softmax_scale=0.25)
+        dq, dk, dv = bwd.attention_backward(do, q, k, v, do, lse, causal=True, softmax_scale=0.25, **kw)
     assert [l.name for l in recorded if l.grid is not None] == ["_delta_kernel"]
-    assert seen == dict(zeroed=True, shape=(2 * 4 * 100, 128), dtype=torch.float32, scale=0.25, causal=True)
+    assert seen == dict(zeroed=True, shape=(batches * 4 * tokens, 128), dtype=torch.float32, scale=0.25,
+                        causal=True, packed=sorted(kw))
     # buffer row (b, h, token) -> dq[b, token, h], times the scale
-    want = (torch.arange(2 * 4 * 100 * 128, dtype=torch.float32).view(2, 4, 100, 128).transpose(1, 2) * 0.25)
-    assert torch.equal(dq, want.to(torch.bfloat16))
+    want = torch.arange(batches * 4 * tokens * 128, dtype=torch.float32).view(batches, 4, tokens, 128)
+    want = (want.transpose(1, 2) * 0.25).to(torch.bfloat16)
+    assert torch.equal(dq, want[0] if varlen else want)
     assert dq.shape == q.shape and bool((dk == 1).all()) and bool((dv == 2).all())
 
 
@@ -177,7 +204,7 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 
-package_dir, head_dim, causal = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+package_dir, head_dim, causal, varlen = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 spec = importlib.util.spec_from_file_location("_fa2_sm90", package_dir + "/__init__.py",
                                               submodule_search_locations=[package_dir])
 pkg = importlib.util.module_from_spec(spec)
@@ -185,14 +212,22 @@ sys.modules["_fa2_sm90"] = pkg
 spec.loader.exec_module(pkg)
 import _fa2_sm90._gluon_bwd as gb
 
-q = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
-acc = torch.empty(2 * 4 * 256, head_dim, dtype=torch.float32)
-lse = torch.empty(2, 4, 256, dtype=torch.float32)
-grid, args, kwargs = gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal)
+if varlen:
+    q = torch.empty(600, 4, head_dim, dtype=torch.bfloat16)
+    lse = torch.empty(4, 600, dtype=torch.float32)
+    cu = torch.zeros(3, dtype=torch.int32)
+    packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300, max_seqlen_k=300)
+else:
+    q = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)
+    lse = torch.empty(2, 4, 256, dtype=torch.float32)
+    packed = {}
+acc = torch.empty(q.shape[-3] * 4 * (1 if varlen else 2), head_dim, dtype=torch.float32)
+grid, args, kwargs = gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal, **packed)
 fn = gb._gluon_attn_bwd
 names = list(fn.arg_names)
 constants = {n: kwargs[n] for n in names if n in kwargs}
 values = dict(zip([n for n in names if n not in constants], args))
+constants.update({n: None for n, a in values.items() if a is None})  # a dense call's packed-only arguments
 signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n in names}
 attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
 c = triton.compile(GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs),
@@ -201,12 +236,12 @@ sys.stdout.write(f"SHARED {c.metadata.shared}\\n" + c.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("head_dim, causal", [(128, True), (64, False)])
-def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_dim, causal, tmp_path):
+@pytest.mark.parametrize("head_dim, causal, varlen", [(128, True, False), (64, False, False), (128, True, True)])
+def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_dim, causal, varlen, tmp_path):
     _gluon_bwd()
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal))],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal)),
+                           str(int(varlen))], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     shared, ptx = done.stdout.split("\n", 1)
     assert int(shared.split()[1]) <= 227 * 1024  # what one Hopper block may take

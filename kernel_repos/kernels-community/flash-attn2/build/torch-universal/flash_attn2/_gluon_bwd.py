@@ -3,12 +3,15 @@ pair, dQ reduced into an fp32 buffer by a warp of its own.
 
 Entry point::
 
-    gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, *, softmax_scale, causal)
+    gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, *, softmax_scale, causal,
+                  [cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k])
 
 dense q/do ``[B, Sq, Hq, D]``, k/v/dk/dv ``[B, Sk, Hk, D]``, lse/delta ``[B, Hq, Sq]`` fp32
 (natural-log lse, delta = rowsum(O * dO)), ``dq_acc`` ``[B * Hq * Sq, D]`` fp32 zeroed, rows
 head-major (``_triton_bwd``'s fused-dQ layout): the kernel adds the unscaled dQ into it and
-writes dK (scaled) and dV. :func:`supports` says which calls it serves.
+writes dK (scaled) and dV. Packed sequences: q/do ``[total_q, Hq, D]``, k/v/dk/dv
+``[total_k, Hk, D]``, lse/delta ``[Hq, total_q]``, ``dq_acc`` ``[Hq * total_q, D]``, with int32
+``cu_seqlens``. :func:`supports` says which calls it serves.
 
 Why this shape (FlashAttention-3's backward, in Gluon's terms):
 
@@ -24,8 +27,10 @@ Why this shape (FlashAttention-3's backward, in Gluon's terms):
   half of dS^T into one shared tile, and each computes half of dQ's columns from all of it
   (64 x D/2 fp32), which keeps a consumer's registers within the 240 it gets.
 * Key blocks touched by no mask (the causal diagonal, the keys' ragged end) run without the
-  compare and select; query rows past the end read zeros from the copy engine and lse +inf, so
-  they add nothing.
+  compare and select; query rows past the end get lse +inf, so they add nothing. Packed
+  sequences share one ``[1, total, H, D]`` view: a program reads its sequence's bounds from
+  ``cu_seqlens``, the next sequence's rows that a box reaches are masked like a ragged end, and
+  the dQ box's rows past the end add zeros to the rows after them.
 """
 
 from __future__ import annotations
@@ -83,16 +88,16 @@ DQ_STAGES = 2  # dQ tiles waiting for their reduce
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar,
-              qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, b, hk, n0, group, i_lo,
-              nsteps, STAGES: gl.constexpr):
+              qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, b, hk, n0, q_row0, k_row0,
+              group, i_lo, nsteps, STAGES: gl.constexpr):
     BM: gl.constexpr = q_smem.shape[1]
     D: gl.constexpr = q_smem.shape[2]
     BN: gl.constexpr = k_smem.shape[0]
     row_layout: gl.constexpr = gl.BlockedLayout([BM // 32], [32], [1], [0])
     offs = gl.arange(0, BM, layout=row_layout)
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
-    _tma_load(k_desc, [b, n0, hk, 0], kv_bar, k_smem.reshape([1, BN, 1, D]))
-    _tma_load(v_desc, [b, n0, hk, 0], kv_bar, v_smem.reshape([1, BN, 1, D]))
+    _tma_load(k_desc, [b, k_row0 + n0, hk, 0], kv_bar, k_smem.reshape([1, BN, 1, D]))
+    _tma_load(v_desc, [b, k_row0 + n0, hk, 0], kv_bar, v_smem.reshape([1, BN, 1, D]))
     for t in range(group * nsteps):
         g = t // nsteps
         i = i_lo + t - g * nsteps
@@ -105,14 +110,14 @@ def _producer(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, 
         h = hk * group + g
         offs_m = i * BM + offs
         ok = offs_m < seqlen_q
-        row = b * stride_lb + h * stride_lh + offs_m
+        row = b * stride_lb + h * stride_lh + q_row0 + offs_m
         lse_smem.index(slot).store(gl.load(lse_ptr + row, mask=ok, other=float("inf")) * 1.4426950408889634)
         delta_smem.index(slot).store(gl.load(delta_ptr + row, mask=ok, other=0.0))
         _thread_barrier()
         mbarrier.expect(qdo_ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, i * BM, h, 0], qdo_ready.index(slot),
+        _tma_load(q_desc, [b, q_row0 + i * BM, h, 0], qdo_ready.index(slot),
                   q_smem.index(slot).reshape([1, BM, 1, D]))
-        _tma_load(do_desc, [b, i * BM, h, 0], qdo_ready.index(slot),
+        _tma_load(do_desc, [b, q_row0 + i * BM, h, 0], qdo_ready.index(slot),
                   do_smem.index(slot).reshape([1, BM, 1, D]))
 
 
@@ -201,7 +206,7 @@ def _step(t, i, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, 
 @gluon.jit
 def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
               qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn, stride_dkh,
-              stride_dvb, stride_dvn, stride_dvh, b, hk, n0, group, i_lo, nsteps, n_mask,
+              stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0, group, i_lo, nsteps, n_mask,
               seqlen_q, seqlen_k, qk_scale, sm_scale, W: gl.constexpr, CAUSAL: gl.constexpr,
               STAGES: gl.constexpr, DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr):
     BN: gl.constexpr = k_smem.shape[0]
@@ -234,7 +239,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
     offs_r = n0 + W * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
     ok = offs_r[:, None] < seqlen_k
-    rows = offs_r.to(gl.int64)[:, None]
+    rows = (k_row0 + offs_r).to(gl.int64)[:, None]
     gl.store(dk_ptr + b.to(gl.int64) * stride_dkb + hk * stride_dkh + rows * stride_dkn + offs_d[None, :],
              (dk * sm_scale).to(dtype), mask=ok)
     gl.store(dv_ptr + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows * stride_dvn + offs_d[None, :],
@@ -243,10 +248,11 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
 
 @gluon.jit
 def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, stride_dkb, stride_dkn, stride_dkh,
-                    stride_dvb, stride_dvn, stride_dvh, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q,
-                    seqlen_k, heads_q, heads_k, qk_scale, sm_scale,
+                    stride_dvb, stride_dvn, stride_dvh, lse_ptr, delta_ptr, stride_lb, stride_lh, cu_seqlens_q,
+                    cu_seqlens_k, total_q, seqlen_q, seqlen_k, heads_q, heads_k, qk_scale, sm_scale,
                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, DS_STAGES: gl.constexpr,
-                    DQ_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, SMALL_REGS: gl.constexpr):
+                    DQ_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, SMALL_REGS: gl.constexpr,
+                    VARLEN: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
     BN: gl.constexpr = k_desc.block_type.shape[1]
@@ -257,6 +263,24 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, st
     hk = bh % heads_k
     group = heads_q // heads_k
     n0 = pid_n * BN
+    if VARLEN:
+        # packed sequences: one [1, total, H, D] view; this program's sequence starts at row
+        # q_row0 / k_row0 of it; the grid spans the longest sequence's keys, shorter ones end sooner
+        q_row0 = gl.load(cu_seqlens_q + b)
+        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row0
+        k_row0 = gl.load(cu_seqlens_k + b)
+        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row0
+        tb = 0
+        live = n0 < seqlen_k
+        acc_rows_head = total_q
+    else:
+        # dense calls take no test and none of the packed-only arguments (their code stays the
+        # one measured)
+        q_row0 = 0
+        k_row0 = 0
+        tb = b
+        live = True
+        acc_rows_head = seqlen_q
     diag = seqlen_k - seqlen_q
     nqb = (seqlen_q + BM - 1) // BM
     if CAUSAL:
@@ -271,8 +295,8 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, st
     nsteps = nqb - i_lo
     if n0 + BN > seqlen_k:
         n_mask = nsteps
-    acc_rows_head = seqlen_q
-    acc_row0 = (b * heads_q + hk * group) * acc_rows_head
+    # the dQ buffer's rows are head-major: (batch, head, token) dense, (head, token) packed
+    acc_row0 = (tb * heads_q + hk * group) * acc_rows_head + q_row0
 
     qd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
@@ -306,27 +330,29 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, st
         mbarrier.init(dq_empty.index(s), count=1)
     fence_async_shared()
 
-    gl.warp_specialize([
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
-                     qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
-                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, group, i_lo, nsteps, n_mask,
-                     seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
-                     qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
-                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, group, i_lo, nsteps, n_mask,
-                     seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
-        (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem, kv_bar,
-                     qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, b, hk, n0, group,
-                     i_lo, nsteps, STAGES)),
-        (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, acc_row0, acc_rows_head, group, i_lo, nsteps,
-                      DQ_STAGES)),
-    ], [4, 1, 1], [CONSUMER_REGS, SMALL_REGS, SMALL_REGS])
+    if live:
+        gl.warp_specialize([
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
+                         qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
+                         stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0, group, i_lo, nsteps,
+                         n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
+                         qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
+                         stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0, group, i_lo, nsteps,
+                         n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
+            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                         kv_bar, qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, tb, hk,
+                         n0, q_row0, k_row0, group, i_lo, nsteps, STAGES)),
+            (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, acc_row0, acc_rows_head, group, i_lo, nsteps,
+                          DQ_STAGES)),
+        ], [4, 1, 1], [CONSUMER_REGS, SMALL_REGS, SMALL_REGS])
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
-    """Whether dense bf16 q/k/v/do ``[B, S, H, D]`` meet this kernel's layout needs (a head dim in
-    :data:`HEAD_DIMS`, 16-byte aligned bases and strides, unit stride along D). Raises nothing."""
-    if not (q.dtype == k.dtype == v.dtype == do.dtype == torch.bfloat16) or q.dim() != 4:
+    """Whether bf16 q/k/v/do, dense ``[B, S, H, D]`` or packed ``[total, H, D]``, meet this
+    kernel's layout needs (a head dim in :data:`HEAD_DIMS`, 16-byte aligned bases and strides,
+    unit stride along D). Raises nothing."""
+    if not (q.dtype == k.dtype == v.dtype == do.dtype == torch.bfloat16) or q.dim() not in (3, 4):
         return False
     if q.shape[-1] not in HEAD_DIMS or 0 in q.shape or 0 in k.shape:
         return False
@@ -351,26 +377,43 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, d], _layout_bf16(rows, d))
 
 
-def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal) -> Tuple[tuple, tuple, dict]:
+def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, cu_seqlens_q=None,
+                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> Tuple[tuple, tuple, dict]:
     """(grid, positional arguments, keyword arguments) of one launch."""
-    batch, seqlen_q, heads_q, d = q.shape
-    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    varlen = cu_seqlens_q is not None
+    d = q.shape[-1]
+    if varlen:
+        # one batch of all the tokens: each program finds its sequence's rows in it
+        batch, heads_q, heads_k = cu_seqlens_q.numel() - 1, q.shape[1], k.shape[1]
+        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        q, k, v, do = (t.unsqueeze(0) for t in (q, k, v, do))
+        dk_strides, dv_strides = (0, *dk.stride()[:2]), (0, *dv.stride()[:2])
+        lse_strides = (0, lse.stride(0))
+        packed = (cu_seqlens_q, cu_seqlens_k, q.shape[1])
+    else:
+        batch, seqlen_q, heads_q, _ = q.shape
+        seqlen_k, heads_k = k.shape[1], k.shape[2]
+        dk_strides, dv_strides = dk.stride()[:3], dv.stride()[:3]
+        lse_strides = (lse.stride(0), lse.stride(1))
+        packed = (None, None, None)  # compile-time None: a dense call's code has none of them
     dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [BLOCK_M, d], _layout_dq())
     grid = (triton.cdiv(seqlen_k, BLOCK_N), batch * heads_k)
     args = (_descriptor(q, BLOCK_M), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), _descriptor(do, BLOCK_M),
-            dq_desc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], lse, delta, lse.stride(0), lse.stride(1),
+            dq_desc, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
             seqlen_q, seqlen_k, heads_q, heads_k, float(softmax_scale) * LOG2E, float(softmax_scale))
     kwargs = dict(CAUSAL=bool(causal), STAGES=STAGES, DS_STAGES=DS_STAGES, DQ_STAGES=DQ_STAGES,
-                  CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], num_warps=4, maxnreg=REGS[2])
+                  CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], VARLEN=varlen, num_warps=4, maxnreg=REGS[2])
     return grid, args, kwargs
 
 
 def gluon_dkdv_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
                   delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
-                  softmax_scale: float, causal: bool) -> None:
+                  softmax_scale: float, causal: bool, **packed) -> None:
     """Launch the kernel (see the module docstring); the caller checked :func:`supports`, made
-    ``delta`` and zeroed ``dq_acc``. Raises what Triton raises on compile errors."""
-    grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal)
+    ``delta`` and zeroed ``dq_acc``. ``packed``: ``cu_seqlens_q``, ``cu_seqlens_k``,
+    ``max_seqlen_q``, ``max_seqlen_k`` for packed sequences. Raises what Triton raises on
+    compile errors."""
+    grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, **packed)
     _gluon_attn_bwd[grid](*args, **kwargs)
 
 
@@ -379,18 +422,18 @@ _AHEAD: set = set()
 
 def compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
                   delta: torch.Tensor, dq_acc: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, *,
-                  softmax_scale: float, causal: bool) -> list:
+                  softmax_scale: float, causal: bool, **packed) -> list:
     """Start compiling, on flash_attn2's compile threads (``_launch``), the specialisation a
     launch with these arguments needs, once per (device, head_dim, causal) in a process; returns
     the Futures (see ``_launch.compile_all``). The tensors may be ``meta`` tensors shaped like
     the real ones. Raises nothing itself: a compile error surfaces in the Future."""
     from . import _launch
 
-    key = (q.device, q.shape[-1], bool(causal))
+    key = (q.device, q.shape[-1], bool(causal), packed.get("cu_seqlens_q") is not None)
     if _launch.COMPILE_THREADS <= 0 or key in _AHEAD:
         return []
     _AHEAD.add(key)
-    grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal)
+    grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, **packed)
     device = q.device
 
     def one() -> None:

@@ -95,18 +95,29 @@ MEASURED_FASTER_BWD: Mapping[Tuple[int, bool], int] = {
     (128, True): 0,
 }
 
+# The same for packed sequences, keyed by the longest sequence's keys (``bench/varlen.py``:
+# ``ours f+b`` against ``ours f+b deterministic``, ``bench/results/varlen.md``)
+MEASURED_FASTER_BWD_VARLEN: Mapping[Tuple[int, bool], int] = {
+    (64, False): 0,
+    (64, True): 0,
+    (128, False): 0,
+    (128, True): 0,
+}
+
 
 def wants_gluon_backward(capability: Optional[Tuple[int, int]], gluon_ok: bool, head_dim: int, causal: bool,
                          seqlen_k: int, plain: bool, bf16: bool, deterministic: bool,
-                         faster: Optional[Mapping[Tuple[int, bool], int]] = None) -> bool:
+                         faster: Optional[Mapping[Tuple[int, bool], int]] = None, varlen: bool = False) -> bool:
     """Whether a backward goes to the Gluon sm90 kernel: an sm90 GPU, a Triton release in
-    :data:`MEASURED_TRITON` with Gluon, a dense bf16 call with no seqused_k, window, softcap,
-    ALiBi or dropout (``plain``), not ``deterministic`` (its dQ adds in an order that varies),
-    and (head_dim, causal) in ``faster`` (default :data:`MEASURED_FASTER_BWD`) with at least its
-    number of keys. The layout check (``_gluon_bwd.supports``) is the caller's. Raises nothing.
+    :data:`MEASURED_TRITON` with Gluon, a bf16 call with no seqused_k, window, softcap, ALiBi or
+    dropout (``plain``), not ``deterministic`` (its dQ adds in an order that varies), and
+    (head_dim, causal) in ``faster`` (default :data:`MEASURED_FASTER_BWD`, or
+    :data:`MEASURED_FASTER_BWD_VARLEN` for packed sequences, ``varlen``) with at least its number
+    of keys (packed: the longest sequence's). The layout check (``_gluon_bwd.supports``) is the
+    caller's. Raises nothing.
     """
     if faster is None:
-        faster = MEASURED_FASTER_BWD
+        faster = MEASURED_FASTER_BWD_VARLEN if varlen else MEASURED_FASTER_BWD
     min_keys = faster.get((head_dim, bool(causal)))
     return (capability == (9, 0) and gluon_ok and plain and bf16 and not deterministic
             and min_keys is not None and seqlen_k >= min_keys)

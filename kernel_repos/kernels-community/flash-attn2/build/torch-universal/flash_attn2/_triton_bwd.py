@@ -546,6 +546,11 @@ def attention_backward(
                          flags + (right >= 0, wide, bm2, bn2, block_d), w2, s2))
         return plan
 
+    def dq_from_acc(dq_acc):
+        # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
+        acc = dq_acc.view(1 if varlen else batch, hq, acc_rows_head, block_d)[..., :head_dim]
+        torch.mul(acc.transpose(1, 2), softmax_scale, out=dq.unsqueeze(0) if varlen else dq)
+
     def launch(cfg):
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
         dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device) if fused else None
@@ -555,32 +560,30 @@ def attention_backward(
         for kernel, grid, args, constexprs, warps, stages in plan:
             kernel(grid, args, constexprs, warps, stages)
         if fused:
-            # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
-            acc = dq_acc.view(1 if varlen else batch, hq, acc_rows_head, block_d)[..., :head_dim]
-            torch.mul(acc.transpose(1, 2), softmax_scale, out=dq.unsqueeze(0) if varlen else dq)
+            dq_from_acc(dq_acc)
 
-    if not compile_only and config is None and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max,
-                                                            deterministic):
+    gluon = config is None and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max, deterministic)
+    packed = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=sq_max,
+                  max_seqlen_k=sk_max) if varlen else {}
+    if gluon and not compile_only:
         from ._gluon_bwd import gluon_dkdv_dq
 
         dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device)
         kernel, grid, args, constexprs, warps, stages = delta_launch
         kernel(grid, args, constexprs, warps, stages)
-        gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal)
-        acc = dq_acc.view(batch, hq, acc_rows_head, block_d)
-        torch.mul(acc.transpose(1, 2), softmax_scale, out=dq)
+        gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
+        dq_from_acc(dq_acc)
         return dq, dk, dv
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
                    bool(dq_mode(cap, block_d, "keys", deterministic, causal, sk_max)))
-    if compile_only and config is None and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max,
-                                                        deterministic):
+    if gluon and compile_only:
         from ._gluon_bwd import compile_ahead
 
         acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta")
         kernel, _grid, args, constexprs, warps, stages = delta_launch
         return _launch.compile_all([(kernel, args, constexprs, warps, stages)], q.device) + compile_ahead(
-            q, k, v, do, lse, delta, acc, dk, dv, softmax_scale=softmax_scale, causal=causal)
+            q, k, v, do, lse, delta, acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
@@ -595,16 +598,16 @@ def attention_backward(
 def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) -> bool:
     """Whether this backward runs the Gluon sm90 kernel (``GLUON_BWD`` forces it either way when
     not None; otherwise the rule ``_gluon_dispatch.wants_gluon_backward``). Only the calls the
-    kernel serves qualify: dense, no seqused_k / window / softcap / ALiBi / dropout, the
-    layout ``_gluon_bwd.supports`` checks."""
+    kernel serves qualify: dense or packed, no seqused_k / window / softcap / ALiBi / dropout,
+    the layout ``_gluon_bwd.supports`` checks."""
     from . import _gluon_dispatch
 
     # flags: (varlen, seqused, left, right, softcap, alibi, dropout, even_d); causal sets right
-    plain = not varlen and not any(flags[1:3]) and (causal or not flags[3]) and not any(flags[4:7])
+    plain = not any(flags[1:3]) and (causal or not flags[3]) and not any(flags[4:7])
     if GLUON_BWD is False or not plain or cap is None or not _gluon_dispatch.gluon_available():
         return False
     if GLUON_BWD is None and not _gluon_dispatch.wants_gluon_backward(
-            cap, True, q.shape[-1], causal, keys, plain, q.dtype == torch.bfloat16, deterministic):
+            cap, True, q.shape[-1], causal, keys, plain, q.dtype == torch.bfloat16, deterministic, varlen=varlen):
         return False
     if cap != (9, 0) or (GLUON_BWD and deterministic):
         return False
