@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._C.libtriton import ir
 
-from ._gluon_fwd import _tma_load, copy_engine_reads
+from ._gluon_fwd import _tma_load, _tma_store, copy_engine_reads
 
 LOG2E = 1.4426950408889634
 
@@ -84,6 +84,9 @@ REGS = (240, 24, 168)
 STAGES = 2     # Q / dO ring
 DS_STAGES = 2  # dS^T tiles
 DQ_STAGES = 2  # dQ tiles waiting for their reduce
+# dense calls store dK and dV through shared memory and the copy engine (packed ones through
+# stores masked at the sequence's end: a bulk copy would overwrite the next sequence's keys)
+STORE_DKDV_BY_TMA = True
 
 
 @gluon.jit
@@ -204,11 +207,12 @@ def _step(t, i, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, 
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
-              qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn, stride_dkh,
+def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, done_bar, qdo_ready,
+              qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_desc, dv_desc, dk_ptr, dv_ptr, stride_dkb,
+              stride_dkn, stride_dkh,
               stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0, group, i_lo, nsteps, n_mask,
               seqlen_q, seqlen_k, qk_scale, sm_scale, W: gl.constexpr, CAUSAL: gl.constexpr,
-              STAGES: gl.constexpr, DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr):
+              STAGES: gl.constexpr, DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr, TMA_OUT: gl.constexpr):
     BN: gl.constexpr = k_smem.shape[0]
     D: gl.constexpr = k_smem.shape[1]
     KW: gl.constexpr = BN // 2
@@ -236,23 +240,41 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
             dk, dv = _step(t0 + j, i_lo + j, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
                            qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv, offs_n,
                            seqlen_q, seqlen_k, qk_scale, W, False, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)
-    offs_r = n0 + W * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-    ok = offs_r[:, None] < seqlen_k
-    rows = (k_row0 + offs_r).to(gl.int64)[:, None]
-    gl.store(dk_ptr + b.to(gl.int64) * stride_dkb + hk * stride_dkh + rows * stride_dkn + offs_d[None, :],
-             (dk * sm_scale).to(dtype), mask=ok)
-    gl.store(dv_ptr + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows * stride_dvn + offs_d[None, :],
-             dv.to(dtype), mask=ok)
+    if TMA_OUT:
+        # once both warpgroups are past their last product nothing reads K or V again (both
+        # arrive, whichever way they store)
+        mbarrier.arrive(done_bar)
+        mbarrier.wait(done_bar, 0)
+    # a whole half block of keys leaves through the copy engine, this warpgroup's rows of K and V
+    # holding its dK and dV: dK / dV seen as [B * Sk, Hk * D], whose boxes do not stop at a
+    # batch's end, so a ragged last block takes the masked stores
+    if TMA_OUT and n0 + (W + 1) * KW <= seqlen_k:
+        kw.store((dk * sm_scale).to(dtype))
+        vw.store(dv.to(dtype))
+        fence_async_shared()
+        _thread_barrier()
+        _tma_store(dk_desc, [b * seqlen_k + n0 + W * KW, hk * D], kw)
+        _tma_store(dv_desc, [b * seqlen_k + n0 + W * KW, hk * D], vw)
+        tma.store_wait(pendings=0)
+    else:
+        offs_r = n0 + W * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+        ok = offs_r[:, None] < seqlen_k
+        rows = (k_row0 + offs_r).to(gl.int64)[:, None]
+        gl.store(dk_ptr + b.to(gl.int64) * stride_dkb + hk * stride_dkh + rows * stride_dkn + offs_d[None, :],
+                 (dk * sm_scale).to(dtype), mask=ok)
+        gl.store(dv_ptr + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows * stride_dvn + offs_d[None, :],
+                 dv.to(dtype), mask=ok)
 
 
 @gluon.jit
-def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, stride_dkb, stride_dkn, stride_dkh,
+def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, stride_dkb,
+                    stride_dkn, stride_dkh,
                     stride_dvb, stride_dvn, stride_dvh, lse_ptr, delta_ptr, stride_lb, stride_lh, cu_seqlens_q,
                     cu_seqlens_k, total_q, seqlen_q, seqlen_k, heads_q, heads_k, qk_scale, sm_scale,
                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, DS_STAGES: gl.constexpr,
                     DQ_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, SMALL_REGS: gl.constexpr,
-                    VARLEN: gl.constexpr):
+                    VARLEN: gl.constexpr, TMA_OUT: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
     BN: gl.constexpr = k_desc.block_type.shape[1]
@@ -312,6 +334,7 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, st
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BM], row_smem)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BM], row_smem)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     qdo_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_full = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
@@ -319,6 +342,7 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, st
     dq_full = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
     dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
+    mbarrier.init(done_bar, count=2)
     for s in gl.static_range(STAGES):
         mbarrier.init(qdo_ready.index(s), count=1)
         mbarrier.init(qdo_empty.index(s), count=2)
@@ -332,14 +356,16 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_ptr, dv_ptr, st
 
     if live:
         gl.warp_specialize([
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
-                         qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
-                         stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0, group, i_lo, nsteps,
-                         n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, qdo_ready,
-                         qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb, stride_dkn,
-                         stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0, group, i_lo, nsteps,
-                         n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, done_bar,
+                         qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_desc, dv_desc, dk_ptr, dv_ptr,
+                         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0,
+                         group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, STAGES,
+                         DS_STAGES, DQ_STAGES, TMA_OUT)),
+            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, done_bar,
+                         qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_desc, dv_desc, dk_ptr, dv_ptr,
+                         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0,
+                         group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, STAGES,
+                         DS_STAGES, DQ_STAGES, TMA_OUT)),
             (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
                          kv_bar, qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, tb, hk,
                          n0, q_row0, k_row0, group, i_lo, nsteps, STAGES)),
@@ -377,6 +403,18 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, d], _layout_bf16(rows, d))
 
 
+def _rows_descriptor(t: torch.Tensor) -> TensorDescriptor:
+    """A contiguous ``[B, S, H, D]`` gradient seen as ``[B * S, H * D]``, in boxes of half a key
+    block of one head."""
+    b, s, h, d = t.shape
+    return TensorDescriptor(t, [b * s, h * d], [h * d, 1], [BLOCK_N // 2, d], _layout_2d(BLOCK_N // 2, d))
+
+
+@functools.lru_cache(maxsize=None)
+def _layout_2d(rows: int, head_dim: int) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+
+
 def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> Tuple[tuple, tuple, dict]:
     """(grid, positional arguments, keyword arguments) of one launch."""
@@ -397,12 +435,16 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
         lse_strides = (lse.stride(0), lse.stride(1))
         packed = (None, None, None)  # compile-time None: a dense call's code has none of them
     dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [BLOCK_M, d], _layout_dq())
+    tma_out = STORE_DKDV_BY_TMA and not varlen
+    # dK / dV leave in halves of the key block, one per consumer; compile-time None when unused
+    out_descs = (_rows_descriptor(dk), _rows_descriptor(dv)) if tma_out else (None, None)
     grid = (triton.cdiv(seqlen_k, BLOCK_N), batch * heads_k)
     args = (_descriptor(q, BLOCK_M), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), _descriptor(do, BLOCK_M),
-            dq_desc, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
+            dq_desc, *out_descs, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
             seqlen_q, seqlen_k, heads_q, heads_k, float(softmax_scale) * LOG2E, float(softmax_scale))
     kwargs = dict(CAUSAL=bool(causal), STAGES=STAGES, DS_STAGES=DS_STAGES, DQ_STAGES=DQ_STAGES,
-                  CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], VARLEN=varlen, num_warps=4, maxnreg=REGS[2])
+                  CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], VARLEN=varlen, TMA_OUT=tma_out, num_warps=4,
+                  maxnreg=REGS[2])
     return grid, args, kwargs
 
 
