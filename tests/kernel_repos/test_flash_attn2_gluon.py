@@ -117,6 +117,9 @@ def test_layout_checks_refuse_what_the_copy_engine_cannot_read():
     assert not gf.supports(q, k[:, :0], v[:, :0])  # no keys: the descriptor needs a non-empty tensor
     strided = torch.randn(2, 300, 4, 256, dtype=torch.bfloat16)[..., ::2]
     assert not gf.supports(strided, k, v)
+    broadcast = torch.randn(2, 1, 4, 128, dtype=torch.bfloat16).expand(2, 300, 4, 128)  # stride 0 along tokens
+    assert not gf.supports(broadcast, k, v)
+    assert gf.supports(torch.randn(1, 300, 4, 128, dtype=torch.bfloat16), k[:1], v[:1])  # a batch of one
     packed = torch.randn(600, 4, 128, dtype=torch.bfloat16)  # varlen [total, heads, dim]
     assert gf.supports(packed, packed, packed)
     kv = torch.randn(600, 2, 4, 128, dtype=torch.bfloat16)  # kv-packed: k and v are views of one tensor

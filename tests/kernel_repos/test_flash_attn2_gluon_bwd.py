@@ -89,6 +89,8 @@ def test_only_plain_dense_bf16_calls_reach_the_gluon_backward(monkeypatch):
     assert not _wanted(*_dense(d=96))
     odd = torch.randn(2, 100, 4, 129, dtype=torch.bfloat16)[..., :128]  # rows 258 bytes apart: no TMA
     assert not _wanted(odd, k, v, do)
+    # a gradient that is a broadcast (stride 0 along tokens) is read by the Triton kernels
+    assert not _wanted(q, k, v, torch.randn(1, 1, 4, 128, dtype=torch.bfloat16).expand(2, 100, 4, 128))
     monkeypatch.setattr(bwd, "GLUON_BWD", False)
     assert not _wanted(q, k, v, do)
     # forced on, it still serves only what it can: not a deterministic call, not a window
@@ -150,6 +152,12 @@ def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(varlen, monkeypat
     want = (want.transpose(1, 2) * 0.25).to(torch.bfloat16)
     assert torch.equal(dq, want[0] if varlen else want)
     assert dq.shape == q.shape and bool((dk == 1).all()) and bool((dv == 2).all())
+    # an lse whose rows are not contiguous (not the forward's own) takes the Triton backward
+    seen.clear()
+    strided = lse.t().contiguous().t() if varlen else lse.transpose(1, 2).contiguous().transpose(1, 2)
+    with recording(fa, monkeypatch) as recorded:
+        bwd.attention_backward(do, q, k, v, do, strided, causal=True, softmax_scale=0.25, **kw)
+    assert seen == {} and "_bwd_dkdv_kernel" in [l.name for l in recorded]
 
 
 def test_compile_ahead_starts_the_gluon_compile_once_per_class(monkeypatch):

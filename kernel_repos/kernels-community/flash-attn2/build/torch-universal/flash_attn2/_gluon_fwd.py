@@ -337,9 +337,11 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def copy_engine_reads(t: torch.Tensor) -> bool:
     """Whether a TMA descriptor can address ``t``: the base 16-byte aligned, unit stride along the
-    last dim, every other stride a multiple of 16 bytes. Raises nothing."""
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0
-                                                                 for s in t.stride()[:-1])
+    last dim, every other stride of a dim longer than 1 positive and a multiple of 16 bytes (an
+    expanded tensor, stride 0, as a gradient of a broadcast can be, goes to the Triton kernels).
+    Raises nothing."""
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
+        (s * t.element_size()) % 16 == 0 and (s > 0 or n == 1) for s, n in zip(t.stride()[:-1], t.shape[:-1]))
 
 
 @functools.lru_cache(maxsize=None)

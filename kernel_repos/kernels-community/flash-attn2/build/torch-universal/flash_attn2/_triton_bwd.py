@@ -562,7 +562,9 @@ def attention_backward(
         if fused:
             dq_from_acc(dq_acc)
 
-    gluon = config is None and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max, deterministic)
+    # the kernel reads lse and delta rows with unit stride (the forward's own layout)
+    gluon = (config is None and lse.stride(-1) == 1
+             and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max, deterministic))
     packed = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=sq_max,
                   max_seqlen_k=sk_max) if varlen else {}
     if gluon and not compile_only:
