@@ -262,6 +262,11 @@ def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_
     # dQ leaves through the copy engine's reduce-add (one box per 128-byte swizzle span)
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)) == head_dim // 32
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global", ptx)  # Q, K, V, dO loads
+    # dK / dV: through the copy engine in dense calls (the ragged last block through masked
+    # stores), only masked stores for packed sequences (a box would reach the next sequence)
+    bulk_store = re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group \[", ptx)
+    assert (bulk_store is None) == varlen
+    assert re.search(r"@%p\d+ st\.global", ptx)
     assert ".local" not in ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+240;", ptx)
