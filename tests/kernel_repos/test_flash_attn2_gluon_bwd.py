@@ -50,6 +50,12 @@ def test_anything_else_keeps_the_triton_backward(change):
     assert not dispatch.wants_gluon_backward(**{**PLAIN, **change})
 
 
+def test_the_tables_list_only_head_dims_the_kernel_is_built_for():
+    gb = _gluon_bwd()
+    for table in (dispatch.MEASURED_FASTER_BWD, dispatch.MEASURED_FASTER_BWD_VARLEN):
+        assert table and {d for d, _ in table} <= set(gb.HEAD_DIMS)
+
+
 def test_a_backward_pair_can_require_a_minimum_of_keys():
     table = {(128, True): 2048}
     assert not dispatch.wants_gluon_backward(**{**PLAIN, "seqlen_k": 2047}, faster=table)
