@@ -11,6 +11,8 @@ import contextlib
 import importlib.util
 import itertools
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
@@ -34,6 +36,27 @@ def load_flash_attn2():
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# What a child process runs first: the shipped package importable as ``_fa2_sm90`` (argv[1])
+_SM90_CHILD_PREAMBLE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_fa2_sm90", sys.argv[1] + "/__init__.py",
+                                              submodule_search_locations=[sys.argv[1]])
+pkg = importlib.util.module_from_spec(spec)
+sys.modules["_fa2_sm90"] = pkg
+spec.loader.exec_module(pkg)
+"""
+
+
+def run_compiling_child(script: str, args, cache_dir) -> subprocess.CompletedProcess:
+    """Run ``script`` in a child Python where Triton compiles for real into ``cache_dir`` (the
+    tests run under TRITON_INTERPRET=1, where jit functions are interpreted and cannot be
+    compiled for a GPU), with the package importable as ``_fa2_sm90`` and ``sys.argv[2:]`` =
+    ``args``. Returns the finished process (its stdout, stderr and return code)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(cache_dir)}
+    return subprocess.run([sys.executable, "-c", _SM90_CHILD_PREAMBLE + script, str(PACKAGE_DIR), *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300)
 
 
 @contextlib.contextmanager

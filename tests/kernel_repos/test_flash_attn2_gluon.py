@@ -10,15 +10,12 @@ the installed Triton to see the Hopper instructions it is built on.
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from flash_ref import PACKAGE_DIR, load_flash_attn2, reference, rel_err
+from flash_ref import load_flash_attn2, reference, rel_err, run_compiling_child
 
 fa = load_flash_attn2()
 dispatch = importlib.import_module(fa.__name__ + "._gluon_dispatch")
@@ -185,22 +182,15 @@ def test_interpreter_path_never_reaches_gluon(monkeypatch):
 
 
 
-# Compiles in a child process: this one runs Triton under TRITON_INTERPRET=1 (conftest), where
-# jit functions are interpreted and cannot be compiled for a GPU.
+# Compiles in a child process (flash_ref.run_compiling_child)
 _COMPILE_FOR_SM90 = """
-import importlib.util, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-
-package_dir, head_dim, causal, varlen = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-spec = importlib.util.spec_from_file_location("_fa2_sm90", package_dir + "/__init__.py",
-                                              submodule_search_locations=[package_dir])
-pkg = importlib.util.module_from_spec(spec)
-sys.modules["_fa2_sm90"] = pkg
-spec.loader.exec_module(pkg)
 import _fa2_sm90._gluon_fwd as gf
+
+head_dim, causal, varlen = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 
 block_n, stages = gf.TILES[head_dim]
 
@@ -228,9 +218,7 @@ sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32),
 @pytest.mark.parametrize("head_dim, causal, varlen", [(128, False, False), (256, True, False), (128, True, True)])
 def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, varlen, tmp_path):
     _gluon_fwd()
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal)),
-                           str(int(varlen))], capture_output=True, text=True, env=env, timeout=300)
+    done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), int(varlen)), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ptx = done.stdout
     # Q·K^T and P·V on the tensor cores' warpgroup path, every tile through the copy engine

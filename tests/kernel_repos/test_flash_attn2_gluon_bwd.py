@@ -11,16 +11,13 @@ to see the instructions it is built on.
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 import torch
 
-from flash_ref import PACKAGE_DIR, assert_out_and_grads_close, load_flash_attn2, reference
+from flash_ref import assert_out_and_grads_close, load_flash_attn2, reference, run_compiling_child
 from launch_record import recording
 
 fa = load_flash_attn2()
@@ -210,21 +207,15 @@ def test_the_interpreter_never_reaches_the_gluon_backward(monkeypatch):
     assert_out_and_grads_close(out, ref_out, (q, k, v), (rq, rk, rv), 3e-3)
 
 
-# Compiles in a child process: this one runs Triton under TRITON_INTERPRET=1 (conftest).
+# Compiles in a child process (flash_ref.run_compiling_child)
 _COMPILE_FOR_SM90 = """
-import importlib.util, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
-
-package_dir, head_dim, causal, varlen = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-spec = importlib.util.spec_from_file_location("_fa2_sm90", package_dir + "/__init__.py",
-                                              submodule_search_locations=[package_dir])
-pkg = importlib.util.module_from_spec(spec)
-sys.modules["_fa2_sm90"] = pkg
-spec.loader.exec_module(pkg)
 import _fa2_sm90._gluon_bwd as gb
+
+head_dim, causal, varlen = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
 
 if varlen:
     q = torch.empty(600, 4, head_dim, dtype=torch.bfloat16)
@@ -253,9 +244,7 @@ sys.stdout.write(f"SHARED {c.metadata.shared}\\n" + c.asm["ptx"])
 @pytest.mark.parametrize("head_dim, causal, varlen", [(128, True, False), (64, False, False), (128, True, True)])
 def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_dim, causal, varlen, tmp_path):
     _gluon_bwd()
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90, str(PACKAGE_DIR), str(head_dim), str(int(causal)),
-                           str(int(varlen))], capture_output=True, text=True, env=env, timeout=300)
+    done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), int(varlen)), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     shared, ptx = done.stdout.split("\n", 1)
     assert int(shared.split()[1]) <= 227 * 1024  # what one Hopper block may take

@@ -55,9 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._C.libtriton import ir
 
-from ._gluon_fwd import _tma_load, _tma_store, copy_engine_reads
-
-LOG2E = 1.4426950408889634
+from ._gluon_fwd import LOG2E, _descriptor, _tma_load, _tma_store, copy_engine_reads
 
 @_gl_core.builtin
 def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
@@ -74,7 +72,7 @@ _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
 _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
-BLOCK_M = 64   # query rows per step (one m64 wgmma row block... of the dQ product)
+BLOCK_M = 64   # query rows per step (the dQ product's m64 wgmma row block)
 BLOCK_N = 128  # keys per program: 64 per consumer warpgroup
 HEAD_DIMS = (64, 128)
 # (consumer, small partitions, kernel maxnreg) registers per thread: 4 + 4 consumer warps and two
@@ -386,21 +384,11 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
 
 
 @functools.lru_cache(maxsize=None)
-def _layout_bf16(rows: int, head_dim: int) -> gl.NVMMASharedLayout:
-    return gl.NVMMASharedLayout.get_default_for([1, rows, 1, head_dim], gl.bfloat16)
-
-
-@functools.lru_cache(maxsize=None)
 def _layout_dq() -> gl.NVMMASharedLayout:
     # 128-byte swizzle: the consumers' stores of their dQ halves from wgmma's register layout
     # would hit one bank 8 times over in rows of 512 bytes unswizzled; the copy engine takes the
     # [64, D] tile as D/32 boxes of one swizzle span each
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-
-
-def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    d = t.shape[-1]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, d], _layout_bf16(rows, d))
 
 
 def _rows_descriptor(t: torch.Tensor) -> TensorDescriptor:
@@ -439,7 +427,8 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
     # dK / dV leave in halves of the key block, one per consumer; compile-time None when unused
     out_descs = (_rows_descriptor(dk), _rows_descriptor(dv)) if tma_out else (None, None)
     grid = (triton.cdiv(seqlen_k, BLOCK_N), batch * heads_k)
-    args = (_descriptor(q, BLOCK_M), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N), _descriptor(do, BLOCK_M),
+    args = (_descriptor(q, BLOCK_M, d), _descriptor(k, BLOCK_N, d), _descriptor(v, BLOCK_N, d),
+            _descriptor(do, BLOCK_M, d),
             dq_desc, *out_descs, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
             seqlen_q, seqlen_k, heads_q, heads_k, float(softmax_scale) * LOG2E, float(softmax_scale))
     kwargs = dict(CAUSAL=bool(causal), STAGES=STAGES, DS_STAGES=DS_STAGES, DQ_STAGES=DQ_STAGES,

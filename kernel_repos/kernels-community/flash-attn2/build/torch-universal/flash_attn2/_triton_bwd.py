@@ -606,12 +606,11 @@ def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) 
 
     # flags: (varlen, seqused, left, right, softcap, alibi, dropout, even_d); causal sets right
     plain = not any(flags[1:3]) and (causal or not flags[3]) and not any(flags[4:7])
-    if GLUON_BWD is False or not plain or cap is None or not _gluon_dispatch.gluon_available():
+    # forced on, it still serves only what it can: sm90, plain, not deterministic
+    if GLUON_BWD is False or not plain or deterministic or cap != (9, 0) or not _gluon_dispatch.gluon_available():
         return False
     if GLUON_BWD is None and not _gluon_dispatch.wants_gluon_backward(
             cap, True, q.shape[-1], causal, keys, plain, q.dtype == torch.bfloat16, deterministic, varlen=varlen):
-        return False
-    if cap != (9, 0) or (GLUON_BWD and deterministic):
         return False
     from ._gluon_bwd import supports
 
