@@ -150,7 +150,7 @@ def test_sm90_launches_one_dkdv_kernel_with_a_reduce_descriptor(varlen, monkeypa
     with recording(fa, monkeypatch) as recorded:
         bwd.attention_backward(out, q, k, v, out, lse, causal=True, **kw)
     launches = [l for l in recorded if l.grid is not None]  # the rest: compiles started first
-    assert [l.name for l in launches] == ["_delta_kernel", "_bwd_dkdv_kernel"]
+    assert [l.name for l in launches] == ["_delta_kernel", "_bwd_dkdv_kernel", "_dq_cast_kernel"]
     dkdv = launches[1]
     assert dkdv.launcher is bwd._DKDV_TMA
     desc = dkdv.args[12]
@@ -162,3 +162,19 @@ def test_sm90_launches_one_dkdv_kernel_with_a_reduce_descriptor(varlen, monkeypa
     with recording(fa, monkeypatch) as ahead:
         bwd.prepare_backward(q, k, v, causal=True, **kw)
     assert [triton_specialisation(l) for l in ahead] == [triton_specialisation(l) for l in launches]
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_cast_kernel_turns_the_head_major_buffer_into_dq_scaled(varlen, dtype):
+    """The fused modes' last step: buffer rows (batch, head, token) of block_d columns become dq
+    [batch, token, head, head_dim] times the softmax scale, rounded once (as torch rounds
+    ``scale * buffer``); the padding columns past head_dim are not written."""
+    batch, heads, tokens, head_dim, block_d = (1, 3, 70, 80, 128) if varlen else (2, 3, 70, 80, 128)
+    acc = torch.randn(batch * heads * tokens, block_d, generator=torch.Generator().manual_seed(1))
+    dq = torch.full((tokens, heads, head_dim) if varlen else (batch, tokens, heads, head_dim), 7.0, dtype=dtype)
+    strides = (0, *dq.stride()[:2]) if varlen else dq.stride()[:3]
+    bwd._DQ_CAST(((tokens + 63) // 64, batch * heads, 1), (acc, dq, *strides, tokens, heads, head_dim, 0.3),
+                 (64, block_d), 4, 1)
+    want = (acc.view(batch, heads, tokens, block_d)[..., :head_dim].transpose(1, 2) * 0.3).to(dtype)
+    assert torch.equal(dq, want[0] if varlen else want)

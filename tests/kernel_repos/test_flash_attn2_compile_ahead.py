@@ -88,7 +88,7 @@ def test_the_backward_compiled_ahead_is_the_backward_launched(name, capability, 
     fused = bwd.dq_mode(capability, block_d, bwd._configs.pick("bwd", capability, block_d)[0][4], False,
                         kw.get("causal", False), keys)
     assert [r.name for r in ahead] == [r.name for r in real] == \
-        ["_delta_kernel", "_bwd_dkdv_kernel"] + ([] if fused else ["_bwd_dq_kernel"])
+        ["_delta_kernel", "_bwd_dkdv_kernel"] + (["_dq_cast_kernel"] if fused else ["_bwd_dq_kernel"])
     for a, r in zip(ahead, real):
         assert triton_specialisation(a) == triton_specialisation(r), r.name
         # stronger than the specialisation: the same integers, and tensors of one layout

@@ -140,18 +140,22 @@ def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(varlen, monkeypat
     def kernel(q_, k_, v_, do_, lse_, delta_, dq_acc, dk, dv, *, softmax_scale, causal, **packed):
         seen.update(zeroed=bool((dq_acc == 0).all()), shape=tuple(dq_acc.shape), dtype=dq_acc.dtype,
                     scale=softmax_scale, causal=causal, packed=sorted(packed))
-        dq_acc.copy_(torch.arange(dq_acc.numel(), dtype=torch.float32).view_as(dq_acc))
+        dq_acc.copy_(_pattern(dq_acc.shape))
         dk.fill_(1.0)
         dv.fill_(2.0)
 
     monkeypatch.setattr(gb, "gluon_dkdv_dq", kernel)
     with recording(fa, monkeypatch) as recorded:
         dq, dk, dv = bwd.attention_backward(do, q, k, v, do, lse, causal=True, softmax_scale=0.25, **kw)
-    assert [l.name for l in recorded if l.grid is not None] == ["_delta_kernel"]
+    launched = [l for l in recorded if l.grid is not None]
+    assert [l.name for l in launched] == ["_delta_kernel", "_dq_cast_kernel"]
+    cast = launched[1]
+    # run here (the recording keeps Launchers from running)
+    cast.launcher._fn[cast.grid](*cast.args, *cast.constexprs, num_warps=cast.num_warps)
     assert seen == dict(zeroed=True, shape=(batches * 4 * tokens, 128), dtype=torch.float32, scale=0.25,
                         causal=True, packed=sorted(kw))
     # buffer row (b, h, token) -> dq[b, token, h], times the scale
-    want = torch.arange(batches * 4 * tokens * 128, dtype=torch.float32).view(batches, 4, tokens, 128)
+    want = _pattern((batches * 4 * tokens, 128)).view(batches, 4, tokens, 128)
     want = (want.transpose(1, 2) * 0.25).to(torch.bfloat16)
     assert torch.equal(dq, want[0] if varlen else want)
     assert dq.shape == q.shape and bool((dk == 1).all()) and bool((dv == 2).all())
@@ -161,6 +165,15 @@ def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(varlen, monkeypat
     with recording(fa, monkeypatch) as recorded:
         bwd.attention_backward(do, q, k, v, do, strided, causal=True, softmax_scale=0.25, **kw)
     assert seen == {} and "_bwd_dkdv_kernel" in [l.name for l in recorded]
+
+
+def _pattern(shape):
+    """Buffer values that tell rows and columns apart and stay exact in bf16 once scaled by 1/4
+    (integers below 256: the interpreter rounds bf16 casts toward zero, the GPU to nearest)."""
+    rows, cols = shape
+    r = torch.arange(rows, dtype=torch.float32)[:, None] % 61
+    c = torch.arange(cols, dtype=torch.float32)[None, :] % 4
+    return r * 4 + c
 
 
 def test_compile_ahead_starts_the_gluon_compile_once_per_class(monkeypatch):
@@ -186,8 +199,9 @@ def test_compile_ahead_starts_the_gluon_compile_once_per_class(monkeypatch):
     # one compile, for the launch's grid (one block of 90 keys, 2 batches x 2 KV heads), causal
     assert [(grid, causal) for grid, causal, _ in warmed] == [((1, 4), True)]
     assert len(first) == 1 and again == []  # the Gluon compile (the recording starts no delta compile)
-    # the delta kernel is asked for as well (recorded as a compile, grid None); no Triton dK/dV or dQ
-    assert [l.name for l in recorded] == ["_delta_kernel", "_delta_kernel"]
+    # the delta and dQ cast kernels are asked for as well (recorded as compiles, grid None); no
+    # Triton dK/dV or dQ
+    assert [l.name for l in recorded] == ["_delta_kernel", "_dq_cast_kernel"] * 2
 
 
 def test_the_interpreter_never_reaches_the_gluon_backward(monkeypatch):

@@ -69,6 +69,30 @@ def _delta_kernel(
 
 
 @triton.jit
+def _dq_cast_kernel(
+    Acc, DQ,
+    stride_dqb, stride_dqm, stride_dqh,
+    rows_head, n_heads_q, head_dim, scale,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """dQ from the fused modes' fp32 buffer: rows head-major (``[.., heads, tokens, BLOCK_D]``)
+    -> dq's ``[.., tokens, heads, head_dim]``, scaled and cast. One pass that reads the buffer in
+    whole rows and writes whole head rows of dq: torch's strided multiply of the transposed view
+    took 2.3x as long at 16k tokens (133 us against 58)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads_q
+    h = pid_bh % n_heads_q
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < rows_head
+    acc_row = pid_bh.to(tl.int64) * rows_head + offs_m
+    x = tl.load(Acc + acc_row[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    dst = DQ + b.to(tl.int64) * stride_dqb + h * stride_dqh + offs_m.to(tl.int64)[:, None] * stride_dqm + offs_d[None, :]
+    tl.store(dst, (x * scale).to(DQ.dtype.element_ty, fp_downcast_rounding="rtne"), mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+
+
+@triton.jit
 def _add_dq(dqa, dq, m0, offs_m, offs_d, seqlen_q, MASKED: tl.constexpr, DQ_MODE: tl.constexpr,
             BLOCK_D: tl.constexpr):
     """Add one block pair's share of dQ (fp32, unscaled) at rows ``m0 + [0, BLOCK_M)`` of a head.
@@ -544,12 +568,14 @@ def attention_backward(
         if not fused:
             plan.append((_DQ, ((sq_max + bm2 - 1) // bm2, batch * hq, 1), dq_args,
                          flags + (right >= 0, wide, bm2, bn2, block_d), w2, s2))
+        else:
+            plan.append(cast_launch(dq_acc))
         return plan
 
-    def dq_from_acc(dq_acc):
+    def cast_launch(dq_acc):
         # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
-        acc = dq_acc.view(1 if varlen else batch, hq, acc_rows_head, block_d)[..., :head_dim]
-        torch.mul(acc.transpose(1, 2), softmax_scale, out=dq.unsqueeze(0) if varlen else dq)
+        return (_DQ_CAST, ((acc_rows_head + 63) // 64, (1 if varlen else batch) * hq, 1),
+                (dq_acc, dq, *sdq, acc_rows_head, hq, head_dim, softmax_scale), (64, block_d), 4, 1)
 
     def launch(cfg):
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
@@ -559,8 +585,6 @@ def attention_backward(
             _launch.wait(_launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device))
         for kernel, grid, args, constexprs, warps, stages in plan:
             kernel(grid, args, constexprs, warps, stages)
-        if fused:
-            dq_from_acc(dq_acc)
 
     # the kernel reads lse and delta rows with unit stride (the forward's own layout)
     gluon = (config is None and lse.stride(-1) == 1
@@ -574,7 +598,8 @@ def attention_backward(
         kernel, grid, args, constexprs, warps, stages = delta_launch
         kernel(grid, args, constexprs, warps, stages)
         gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
-        dq_from_acc(dq_acc)
+        kernel, grid, args, constexprs, warps, stages = cast_launch(dq_acc)
+        kernel(grid, args, constexprs, warps, stages)
         return dq, dk, dv
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
@@ -583,8 +608,8 @@ def attention_backward(
         from ._gluon_bwd import compile_ahead
 
         acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta")
-        kernel, _grid, args, constexprs, warps, stages = delta_launch
-        return _launch.compile_all([(kernel, args, constexprs, warps, stages)], q.device) + compile_ahead(
+        plan = (delta_launch, cast_launch(acc))
+        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device) + compile_ahead(
             q, k, v, do, lse, delta, acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
@@ -667,3 +692,4 @@ _DELTA = Launcher(_delta_kernel)
 _DKDV = Launcher(_bwd_dkdv_kernel)
 _DKDV_TMA = Launcher(_bwd_dkdv_kernel)  # DQA is a TensorDescriptor here (a Launcher keys one kind per slot)
 _DQ = Launcher(_bwd_dq_kernel)
+_DQ_CAST = Launcher(_dq_cast_kernel)
