@@ -28,12 +28,9 @@ HEAD_DIMS = (64, 128, 256)
 SEQS = (1024, 4096, 16384)
 TOKENS = 16384
 
-# name -> gluon_attention_forward keyword arguments, per head_dim; "gluon" is the shipped tile
-KERNELS = {
-    64: {"gluon": {}, "gluon_n128s2": dict(tile=(128, 2))},
-    128: {"gluon": {}, "gluon_n64s4": dict(tile=(64, 4))},
-    256: {"gluon": {}},
-}
+# name -> gluon_attention_forward keyword arguments, per head_dim; "gluon" is the shipped kernel,
+# "gluon_per_tile" the same kernel launched one program per tile (what packed calls run)
+KERNELS = {d: {"gluon": {}, "gluon_per_tile": dict(persistent=False)} for d in HEAD_DIMS}
 
 
 def fwd_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:

@@ -204,14 +204,15 @@ fn = gf._gluon_attn_fwd
 names = list(fn.arg_names)
 types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(gf.ROWS),
              o_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
-constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
-                 VARLEN=varlen)
+constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages),
+                 CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1], VARLEN=varlen, PERSISTENT=not varlen)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
 source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
-sys.stdout.write(triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=4, maxnreg=gf.REGS[2])).asm["ptx"])
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=gf.REGS[2]))
+sys.stderr.write("shared %d " % compiled.metadata.shared)
+sys.stdout.write(compiled.asm["ptx"])
 """
 
 
@@ -235,3 +236,17 @@ def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, var
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+240;", ptx)
     assert re.search(r"mbarrier\.arrive", ptx)  # slots handed back through mbarriers
+    shared = int(re.search(r"shared (\d+)", done.stderr).group(1))
+    assert shared <= 227 * 1024
+    # dense calls: one program per SM walks its tiles (the grid's size read in the kernel);
+    # packed ones take their tile from the program's coordinates
+    assert ("%nctaid.x" in ptx) == (not varlen)
+
+
+def test_q_buffers_fit_beside_the_ring_and_double_where_they_can():
+    gf = _gluon_fwd()
+    for head_dim, (block_n, stages) in gf.TILES.items():
+        n = gf.q_buffers(head_dim, block_n, stages)
+        ring = stages * 2 * block_n * head_dim * 2
+        assert ring + n * 2 * gf.ROWS * head_dim * 2 <= gf.SHARED_BYTES, head_dim
+    assert [gf.q_buffers(d, *gf.TILES[d]) for d in (64, 128, 256)] == [2, 2, 1]

@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._C.libtriton import ir
 
-from ._gluon_fwd import LOG2E, _descriptor, _tma_load, _tma_store, copy_engine_reads
+from ._gluon_fwd import LOG2E, _descriptor, _thread_barrier, _tma_load, _tma_store, copy_engine_reads
 
 @_gl_core.builtin
 def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
@@ -68,8 +68,6 @@ def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
 
 
 _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
-# a barrier among the calling partition's threads: gl.thread_barrier in 3.6, gl.barrier later
-_thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 BLOCK_M = 64   # query rows per step (the dQ product's m64 wgmma row block)

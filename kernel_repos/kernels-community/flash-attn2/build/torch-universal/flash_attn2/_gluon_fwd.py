@@ -68,6 +68,8 @@ LOG2E = 1.4426950408889634
 # later releases call them async_load / async_store (and make the old names raise)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+# a barrier among the calling partition's threads: gl.thread_barrier in 3.6, gl.barrier later
+_thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 # head_dim -> (BLOCK_N, STAGES); the tile has 128 query rows (2 x 64); STAGES a power of two
 # (Gluon's shared layouts need one); shared memory: 2 Q halves + STAGES x (K + V) blocks in bf16
@@ -78,6 +80,10 @@ TILES = {
     256: (64, 2),
 }
 ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
+SHARED_BYTES = 220 * 1024  # of the 227 KB a Hopper block may take, room left for the mbarriers
+# dense calls: one program per SM walks pairs of tiles (the next tile's Q and first K/V blocks
+# load while this one's output leaves); False: one program per tile, as packed calls always run
+PERSISTENT = True
 # (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
 # warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
 # default partition (the first consumer) gets what maxnreg leaves, 240
@@ -111,48 +117,115 @@ def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.const
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-              b, h, hk, off_m, n_end, q_row0, k_row0, STAGES: gl.constexpr):
-    ROWS: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    for w in gl.static_range(2):
-        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, q_row0 + off_m + w * ROWS, h, 0], q_bars.index(w),
-                  q_smem.index(w).reshape([1, ROWS, 1, HEAD_DIM]))
-    # the order the consumers need them: K_0, then K_{j+1} before V_j (S_{j+1} is issued before P_j V_j)
-    mbarrier.expect(k_ready.index(0), k_desc.block_type.nbytes)
-    _tma_load(k_desc, [b, k_row0, hk, 0], k_ready.index(0), k_smem.index(0).reshape([1, BLOCK_N, 1, HEAD_DIM]))
-    for j in range(n_end):
-        nxt = j + 1
-        slot = nxt % STAGES
-        more = nxt < n_end
-        # mbarriers start with the phase before 0 complete: the first round of waits passes
-        mbarrier.wait(k_empty.index(slot), ((nxt // STAGES) & 1) ^ 1, pred=more)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes, pred=more)
-        _tma_load(k_desc, [b, k_row0 + nxt * BLOCK_N, hk, 0], k_ready.index(slot),
-                  k_smem.index(slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=more)
-        vslot = j % STAGES
-        mbarrier.wait(v_empty.index(vslot), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(v_ready.index(vslot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [b, k_row0 + j * BLOCK_N, hk, 0], v_ready.index(vslot),
-                  v_smem.index(vslot).reshape([1, BLOCK_N, 1, HEAD_DIM]))
+def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, CAUSAL: gl.constexpr,
+          VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, TILE_M: gl.constexpr):
+    """The program's i-th tile: (off_m, batch coordinate, head, q_row0, k_row0, seqlen_q, seqlen_k)."""
+    if PERSISTENT:
+        # programs take pairs of tiles in turn; within a (batch, head) the tiles go in zig-zag
+        # order of their row blocks (0, n-1, 1, n-2, ...), so a causal pair is a short and a long
+        # one and every program gets about the same work
+        u = gl.program_id(0) + (i // 2) * gl.num_programs(0)
+        t = 2 * u + i % 2
+        bh = t // n_m
+        r = t % n_m
+        if CAUSAL:
+            if r % 2 == 0:
+                m = r // 2
+            else:
+                m = n_m - 1 - r // 2
+        else:
+            m = r
+    else:
+        m = gl.program_id(0)
+        bh = gl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    if VARLEN:
+        # packed sequences: one [1, total, H, D] view; this program's sequence starts at row
+        # q_row0 / k_row0 of it, and the descriptors' batch coordinate is 0
+        q_row0 = gl.load(cu_seqlens_q + b)
+        sq = gl.load(cu_seqlens_q + b + 1) - q_row0
+        k_row0 = gl.load(cu_seqlens_k + b)
+        sk = gl.load(cu_seqlens_k + b + 1) - k_row0
+        tb = 0
+    else:
+        q_row0 = 0
+        k_row0 = 0
+        sq = seqlen_q
+        sk = seqlen_k
+        tb = b
+    return m * TILE_M, tb, h, q_row0, k_row0, sq, sk
 
 
 @gluon.jit
-def _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0, diag,
+def _key_blocks(off_m, seqlen_q, seqlen_k, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """How many key blocks the tile at row off_m reads (at least one: the ring stays in step)."""
+    if CAUSAL:
+        hi = gl.minimum(seqlen_k, off_m + TILE_M + seqlen_k - seqlen_q)
+    else:
+        hi = seqlen_k
+    return gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+              seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k, CAUSAL: gl.constexpr,
+              VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr):
+    ROWS: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    c = 0  # key blocks this program has streamed: the ring's position
+    for i in range(my_n):
+        off_m, tb, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
+                                                     CAUSAL, VARLEN, PERSISTENT, 2 * ROWS)
+        hk = h // group
+        n_end = _key_blocks(off_m, sq, sk, 2 * ROWS, BLOCK_N, CAUSAL)
+        # K_0 first: its ring slot frees before this tile's Q buffer does (one Q buffer: only
+        # once the previous tile's output, which leaves through it, has been read)
+        slot = c % STAGES
+        # mbarriers start with the phase before 0 complete: the first round of waits passes
+        mbarrier.wait(k_empty.index(slot), ((c // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [tb, k_row0, hk, 0], k_ready.index(slot), k_smem.index(slot).reshape([1, BLOCK_N, 1, HEAD_DIM]))
+        qb = (i % QBUF) * 2
+        for w in gl.static_range(2):
+            mbarrier.wait(q_empty.index(qb + w), ((i // QBUF) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(qb + w), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [tb, q_row0 + off_m + w * ROWS, h, 0], q_ready.index(qb + w),
+                      q_smem.index(qb + w).reshape([1, ROWS, 1, HEAD_DIM]))
+        # the order the consumers need them: K_{j+1} before V_j (S_{j+1} is issued before P_j V_j)
+        for j in range(n_end):
+            nxt = c + j + 1
+            slot = nxt % STAGES
+            more = j + 1 < n_end
+            mbarrier.wait(k_empty.index(slot), ((nxt // STAGES) & 1) ^ 1, pred=more)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes, pred=more)
+            _tma_load(k_desc, [tb, k_row0 + (j + 1) * BLOCK_N, hk, 0], k_ready.index(slot),
+                      k_smem.index(slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=more)
+            vslot = (c + j) % STAGES
+            mbarrier.wait(v_empty.index(vslot), (((c + j) // STAGES) & 1) ^ 1)
+            mbarrier.expect(v_ready.index(vslot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [tb, k_row0 + j * BLOCK_N, hk, 0], v_ready.index(vslot),
+                      v_smem.index(vslot).reshape([1, BLOCK_N, 1, HEAD_DIM]))
+        c += n_end
+
+
+@gluon.jit
+def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0, diag,
           seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
-    """Key block j for one consumer: S_j, then P_{j-1} V_{j-1} beside the softmax of S_j."""
+    """Key block j (ring position c + j) for one consumer: S_j, then P_{j-1} V_{j-1} beside the
+    softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    slot = j % STAGES
-    mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+    r = c + j
+    slot = r % STAGES
+    mbarrier.wait(k_ready.index(slot), (r // STAGES) & 1)
     s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
     if HAS_PREV:
-        pslot = (j - 1) % STAGES
-        mbarrier.wait(v_ready.index(pslot), ((j - 1) // STAGES) & 1)
+        pslot = (r - 1) % STAGES
+        mbarrier.wait(v_ready.index(pslot), ((r - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(pslot), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
     else:
@@ -162,17 +235,17 @@ def _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i,
                                      CAUSAL)
     if HAS_PREV:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index((j - 1) % STAGES))
+        mbarrier.arrive(v_empty.index((r - 1) % STAGES))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
     return acc, p, m_new, l_i
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr, stride_on,
-              stride_oh, lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q, seqlen_k, q_row0, qk_scale,
-              W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-              VARLEN: gl.constexpr):
+def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr, stride_on,
+              stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n, cu_seqlens_q,
+              cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+              STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -182,73 +255,85 @@ def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row0 = off_m + W * ROWS
-    diag = seqlen_k - seqlen_q
-    # this warpgroup's own ranges: [0, n_full) unmasked, [n_full, my_end) masked; the producer
-    # streams up to the tile's n_end, and the blocks past my_end are only handed back below
-    if CAUSAL:
-        hi = gl.minimum(seqlen_k, row0 + ROWS + diag)
-        n_full = gl.maximum(gl.minimum(seqlen_k, row0 + diag + 1), 0) // BLOCK_N
-    else:
-        hi = seqlen_k
-        n_full = seqlen_k // BLOCK_N
-    my_end = gl.minimum(gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1), n_end)
-    q = q_smem.index(W)
-    mbarrier.wait(q_bars.index(W), 0)
+    c = 0  # key blocks this program has consumed: the ring's position
+    for i in range(my_n):
+        off_m, b, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
+                                                    CAUSAL, VARLEN, PERSISTENT, 2 * ROWS)
+        n_end = _key_blocks(off_m, sq, sk, 2 * ROWS, BLOCK_N, CAUSAL)
+        row0 = off_m + W * ROWS
+        diag = sk - sq
+        # this warpgroup's own ranges: [0, n_full) unmasked, [n_full, my_end) masked; the
+        # producer streams up to the tile's n_end, and the blocks past my_end are only handed
+        # back below
+        if CAUSAL:
+            hi = gl.minimum(sk, row0 + ROWS + diag)
+            n_full = gl.maximum(gl.minimum(sk, row0 + diag + 1), 0) // BLOCK_N
+        else:
+            hi = sk
+            n_full = sk // BLOCK_N
+        my_end = gl.minimum(gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1), n_end)
+        qi = (i % QBUF) * 2 + W
+        q = q_smem.index(qi)
+        mbarrier.wait(q_ready.index(qi), (i // QBUF) & 1)
 
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
-    p = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-    acc, p, m_i, l_i = _step(0, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0,
-                                diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, False)
-    for j in range(1, n_full):
-        acc, p, m_i, l_i = _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
-                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, False, CAUSAL, True)
-    for j in range(gl.maximum(n_full, 1), my_end):
-        acc, p, m_i, l_i = _step(j, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
-                                    row0, diag, seqlen_k, qk_scale, s_layout, STAGES, True, CAUSAL, True)
-    last = my_end - 1
-    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-    acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    mbarrier.arrive(v_empty.index(last % STAGES))
-    # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase order) and
-    # hand it back untouched
-    for j in range(my_end, n_end):
-        mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
-        mbarrier.arrive(k_empty.index(j % STAGES))
-        mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
-        mbarrier.arrive(v_empty.index(j % STAGES))
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, o_layout)
+        p = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
+        acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0,
+                                 diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False)
+        for j in range(1, n_full):
+            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
+                                     row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True)
+        for j in range(gl.maximum(n_full, 1), my_end):
+            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
+                                     row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True)
+        last = c + my_end - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(last % STAGES))
+        # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase
+        # order) and hand it back untouched
+        for j in range(c + my_end, c + n_end):
+            mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+            mbarrier.arrive(k_empty.index(j % STAGES))
+            mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+            mbarrier.arrive(v_empty.index(j % STAGES))
+        c += n_end
 
-    empty = l_i == 0.0
-    inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
-    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
-    if STORE_LSE:
-        lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-        offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-        gl.store(lse_ptr + b * stride_lb + h * stride_lh + q_row0 + offs_m, lse, mask=offs_m < seqlen_q)
-    if VARLEN:
-        # the rows past this sequence's end belong to the next one: a bulk copy would overwrite
-        # them, so the output leaves through a store masked at the sequence's end
-        offs_r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        rows = (q_row0 + offs_r).to(gl.int64) * stride_on
-        gl.store(o_ptr + rows[:, None] + h * stride_oh + offs_d[None, :], out.to(dtype),
-                 mask=offs_r[:, None] < seqlen_q)
-    else:
-        # this warpgroup's Q rows are read (every wgmma waited): their buffer takes the output rows
-        q.store(out.to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [b, row0, h, 0], q.reshape([1, ROWS, 1, HEAD_DIM]))
-        tma.store_wait(pendings=0)
+        empty = l_i == 0.0
+        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
+        out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
+        if STORE_LSE:
+            lse = gl.where(empty, float("inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+            offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+            gl.store(lse_ptr + b * stride_lb + h * stride_lh + q_row0 + offs_m, lse, mask=offs_m < sq)
+        if VARLEN:
+            # the rows past this sequence's end belong to the next one: a bulk copy would
+            # overwrite them, so the output leaves through a store masked at the sequence's end
+            offs_r = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+            offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+            rows = (q_row0 + offs_r).to(gl.int64) * stride_on
+            gl.store(o_ptr + rows[:, None] + h * stride_oh + offs_d[None, :], out.to(dtype),
+                     mask=offs_r[:, None] < sq)
+        else:
+            # this warpgroup's Q rows are read (every wgmma waited): their buffer takes the
+            # output rows, and is handed back to the producer once the copy engine has read it
+            q.store(out.to(dtype))
+            fence_async_shared()
+            _tma_store(o_desc, [b, row0, h, 0], q.reshape([1, ROWS, 1, HEAD_DIM]))
+            tma.store_wait(pendings=0)
+            _thread_barrier()
+        mbarrier.arrive(q_empty.index(qi))
 
 
 @gluon.jit
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh,
-                    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, heads, group, qk_scale,
-                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr):
+                    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, heads, group, n_m, n_tiles, qk_scale,
+                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
+                    PERSISTENT: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -256,45 +341,34 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    pid_m = gl.program_id(0)
-    bh = gl.program_id(1)
-    b = bh // heads
-    h = bh % heads
-    hk = h // group
-    off_m = pid_m * (2 * ROWS)
-    if VARLEN:
-        # packed sequences: one [1, total, H, D] view; this program's sequence starts at row
-        # q_row0 / k_row0 of it, and the descriptors' batch coordinate is 0
-        q_row0 = gl.load(cu_seqlens_q + b)
-        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row0
-        k_row0 = gl.load(cu_seqlens_k + b)
-        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row0
-        tb = 0
-        live = off_m < seqlen_q  # the grid spans the longest sequence: shorter ones end sooner
+    if PERSISTENT:
+        # the tiles of pairs pid, pid + P, pid + 2P, ... (P programs); the last pair may hold one
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        my_pairs = ((n_tiles + 1) // 2 - pid + nprog - 1) // nprog
+        my_n = 2 * my_pairs - (2 * (pid + (my_pairs - 1) * nprog) + 1 >= n_tiles).to(gl.int32)
     else:
-        q_row0 = 0
-        k_row0 = 0
-        tb = b
+        my_n = 1
+    if VARLEN:
+        b = gl.program_id(1) // heads
+        live = gl.program_id(0) * (2 * ROWS) < gl.load(cu_seqlens_q + b + 1) - gl.load(cu_seqlens_q + b)
+    else:
         # every dense program has rows: no test at all, so a dense call's code stays the one
         # measured (a runtime test around the partitions measured slower at d=128, bench/NOTES.md)
         live = True
-    diag = seqlen_k - seqlen_q
-    if CAUSAL:
-        hi = gl.minimum(seqlen_k, off_m + 2 * ROWS + diag)
-    else:
-        hi = seqlen_k
-    n_end = gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2 * QBUF, ROWS, HEAD_DIM], tile_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2 * QBUF, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2 * QBUF, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(2):
-        mbarrier.init(q_bars.index(w), count=1)
+    for w in gl.static_range(2 * QBUF):
+        mbarrier.init(q_ready.index(w), count=1)
+        mbarrier.init(q_empty.index(w), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -304,15 +378,31 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
 
     if live:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
-                            stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q,
-                            seqlen_k, q_row0, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN)),
-            (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
-                            stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, b, h, off_m, n_end, seqlen_q,
-                            seqlen_k, q_row0, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                            v_empty, tb, h, hk, off_m, n_end, q_row0, k_row0, STAGES)),
+            (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
+                         stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n,
+                         cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN, PERSISTENT,
+                         QBUF)),
+            (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
+                         stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n,
+                         cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN, PERSISTENT,
+                         QBUF)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k, CAUSAL,
+                         VARLEN, PERSISTENT, STAGES, QBUF)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def q_buffers(head_dim: int, block_n: int, stages: int) -> int:
+    """How many sets of Q buffers (two 64-row halves each) fit beside the K/V ring: two let the
+    producer load a persistent program's next tile while this one's output still leaves
+    through its own; one at head_dim 256."""
+    ring = stages * 2 * block_n * head_dim * 2
+    return 2 if ring + 2 * 2 * ROWS * head_dim * 2 <= SHARED_BYTES else 1
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def tile_for(head_dim: int) -> Optional[Tuple[int, int]]:
@@ -366,12 +456,14 @@ def gluon_attention_forward(
     cu_seqlens_q: Optional[torch.Tensor] = None,
     cu_seqlens_k: Optional[torch.Tensor] = None,
     max_seqlen_q: Optional[int] = None,
+    persistent: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
     Packed sequences: q ``[total_q, H, D]``, k/v ``[total_k, Hk, D]`` with int32 ``cu_seqlens_q``
     / ``cu_seqlens_k`` and ``max_seqlen_q``; out like q, lse ``[H, total_q]`` (``_triton_fwd``'s
-    varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES` (benchmarks). Raises what
+    varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES` and ``persistent``
+    :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile). Raises what
     Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
@@ -394,15 +486,23 @@ def gluon_attention_forward(
     block_n, stages = tile or TILES[head_dim]
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    grid = (triton.cdiv(seqlen_q, 2 * ROWS), batch * heads)
+    n_m = triton.cdiv(seqlen_q, 2 * ROWS)
+    persistent = (PERSISTENT if persistent is None else persistent) and not varlen
+    if persistent:
+        n_tiles = n_m * batch * heads
+        grid = (min((n_tiles + 1) // 2, _sm_count(q.device)), 1)
+    else:
+        n_tiles = 0
+        grid = (n_m, batch * heads)
     _gluon_attn_fwd[grid](
         _descriptor(q4, ROWS, head_dim), _descriptor(k4, block_n, head_dim), _descriptor(v4, block_n, head_dim),
         # the output's pointer and strides serve the packed store only: None (compile-time) for dense calls
         _descriptor(o4, ROWS, head_dim), *((out, out.stride(-3), out.stride(-2)) if varlen else (None, None, None)),
         lse if store_lse else out,
         *lse_strides, cu_seqlens_q, cu_seqlens_k if varlen else None,
-        seqlen_q, seqlen_k, heads, heads // heads_k, float(softmax_scale) * LOG2E,
-        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, CONSUMER_REGS=REGS[0],
-        PRODUCER_REGS=REGS[1], VARLEN=varlen, num_warps=4, maxnreg=REGS[2],
+        seqlen_q, seqlen_k, heads, heads // heads_k, n_m, n_tiles, float(softmax_scale) * LOG2E,
+        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, QBUF=q_buffers(head_dim, block_n, stages),
+        CONSUMER_REGS=REGS[0], PRODUCER_REGS=REGS[1], VARLEN=varlen, PERSISTENT=persistent, num_warps=4,
+        maxnreg=REGS[2],
     )
     return out, lse
