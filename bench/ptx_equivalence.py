@@ -93,6 +93,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
                   lse_ptr=torch.empty(4, dtype=torch.float32), qk_scale=0.1)
     consts = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
                   VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
+    if "PERSISTENT" in fn.arg_names:  # packages whose dense forward walks its tiles persistently
+        consts.update(QBUF=gf.q_buffers(head_dim, block_n, stages), PERSISTENT=True)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

@@ -183,21 +183,24 @@ def test_compile_ahead_starts_the_gluon_compile_once_per_class(monkeypatch):
     launch_mod = importlib.import_module(fa.__name__ + "._launch")
     monkeypatch.setattr(launch_mod, "COMPILE_THREADS", 2)
     warmed = []
+    real = gb._launcher(False)
 
-    class Kernel:
+    class Launcher:  # the dense calls' Launcher, compiling nothing
+        _constexpr_names = real._constexpr_names
+
         @staticmethod
-        def warmup(*args, grid, **kwargs):
-            warmed.append((grid, kwargs["CAUSAL"], len(args)))
+        def warmup(args, constexprs, num_warps, num_stages):
+            warmed.append((dict(zip(real._constexpr_names, constexprs))["CAUSAL"], len(args), num_warps))
 
-    monkeypatch.setattr(gb, "_gluon_attn_bwd", Kernel)
+    monkeypatch.setattr(gb, "_launcher", lambda varlen: Launcher)
     q, k, v, _ = _dense()
     with recording(fa, monkeypatch) as recorded:
         first = bwd.prepare_backward(q, k, v, causal=True, softmax_scale=0.1)
         again = bwd.prepare_backward(q, k, v, causal=True, softmax_scale=0.1)
     for f in first + again:
         f.result()
-    # one compile, for the launch's grid (one block of 90 keys, 2 batches x 2 KV heads), causal
-    assert [(grid, causal) for grid, causal, _ in warmed] == [((1, 4), True)]
+    # one compile, causal, of the four-warp kernel
+    assert [(causal, warps) for causal, _, warps in warmed] == [(True, 4)]
     assert len(first) == 1 and again == []  # the Gluon compile (the recording starts no delta compile)
     # the delta and dQ cast kernels are asked for as well (recorded as compiles, grid None); no
     # Triton dK/dV or dQ

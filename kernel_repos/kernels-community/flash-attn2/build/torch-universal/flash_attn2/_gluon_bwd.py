@@ -424,7 +424,7 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
     tma_out = STORE_DKDV_BY_TMA and not varlen
     # dK / dV leave in halves of the key block, one per consumer; compile-time None when unused
     out_descs = (_rows_descriptor(dk), _rows_descriptor(dv)) if tma_out else (None, None)
-    grid = (triton.cdiv(seqlen_k, BLOCK_N), batch * heads_k)
+    grid = (triton.cdiv(seqlen_k, BLOCK_N), batch * heads_k, 1)
     args = (_descriptor(q, BLOCK_M, d), _descriptor(k, BLOCK_N, d), _descriptor(v, BLOCK_N, d),
             _descriptor(do, BLOCK_M, d),
             dq_desc, *out_descs, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
@@ -443,9 +443,26 @@ def gluon_dkdv_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
     ``max_seqlen_q``, ``max_seqlen_k`` for packed sequences. Raises what Triton raises on
     compile errors."""
     grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, **packed)
-    _gluon_attn_bwd[grid](*args, **kwargs)
+    launcher = _launcher(kwargs["VARLEN"])
+    launcher(grid, args, _constexprs(launcher, kwargs), kwargs["num_warps"], 1)
 
 
+def _launcher(varlen: bool):
+    """The cached-path Launcher for dense or packed calls (their argument slots differ in kind:
+    packed ones hold None where dense ones hold dK/dV's descriptors, ints where dense ones hold
+    None), made on first use."""
+    from ._launch import Launcher
+
+    if varlen not in _LAUNCHERS:
+        _LAUNCHERS[varlen] = Launcher(_gluon_attn_bwd, maxnreg=REGS[2])
+    return _LAUNCHERS[varlen]
+
+
+def _constexprs(launcher, kwargs: dict) -> tuple:
+    return tuple(kwargs[n] for n in launcher._constexpr_names)
+
+
+_LAUNCHERS: dict = {}
 _AHEAD: set = set()
 
 
@@ -465,8 +482,10 @@ def compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
     grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, **packed)
     device = q.device
 
+    launcher = _launcher(kwargs["VARLEN"])
+
     def one() -> None:
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            _gluon_attn_bwd.warmup(*args, grid=grid, **kwargs)
+            launcher.warmup(args, _constexprs(launcher, kwargs), kwargs["num_warps"], 1)
 
     return [_launch._pool().submit(one)]

@@ -62,6 +62,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ._launch import Launcher
+
 LOG2E = 1.4426950408889634
 
 # Triton 3.6 names the bulk copies async_copy_global_to_shared / async_copy_shared_to_global;
@@ -494,15 +496,21 @@ def gluon_attention_forward(
     else:
         n_tiles = 0
         grid = (n_m, batch * heads)
-    _gluon_attn_fwd[grid](
+    args = (
         _descriptor(q4, ROWS, head_dim), _descriptor(k4, block_n, head_dim), _descriptor(v4, block_n, head_dim),
         # the output's pointer and strides serve the packed store only: None (compile-time) for dense calls
         _descriptor(o4, ROWS, head_dim), *((out, out.stride(-3), out.stride(-2)) if varlen else (None, None, None)),
         lse if store_lse else out,
         *lse_strides, cu_seqlens_q, cu_seqlens_k if varlen else None,
         seqlen_q, seqlen_k, heads, heads // heads_k, n_m, n_tiles, float(softmax_scale) * LOG2E,
-        CAUSAL=bool(causal), STORE_LSE=store_lse, STAGES=stages, QBUF=q_buffers(head_dim, block_n, stages),
-        CONSUMER_REGS=REGS[0], PRODUCER_REGS=REGS[1], VARLEN=varlen, PERSISTENT=persistent, num_warps=4,
-        maxnreg=REGS[2],
     )
+    constexprs = (bool(causal), store_lse, stages, q_buffers(head_dim, block_n, stages), REGS[0], REGS[1], varlen,
+                  persistent)
+    (_LAUNCH_PACKED if varlen else _LAUNCH_DENSE)((*grid, 1), args, constexprs, 4, 1)
     return out, lse
+
+
+# the launches through _launch's cached path (a dense call's argument slots hold None where a
+# packed one's hold the output's pointer and strides: one Launcher each)
+_LAUNCH_DENSE = Launcher(_gluon_attn_fwd, maxnreg=REGS[2])
+_LAUNCH_PACKED = Launcher(_gluon_attn_fwd, maxnreg=REGS[2])

@@ -108,7 +108,9 @@ def _hooks_active() -> bool:
 
 
 class Launcher:
-    """``Launcher(kernel)(grid, args, constexprs, num_warps, num_stages)`` launches ``kernel``.
+    """``Launcher(kernel, **options)(grid, args, constexprs, num_warps, num_stages)`` launches
+    ``kernel`` (a Triton or Gluon JIT function; ``options``: further launch options, such as a
+    Gluon kernel's ``maxnreg``, the same on every launch).
 
     ``args`` are the runtime arguments in kernel order; ``constexprs`` the values of the
     kernel's ``tl.constexpr`` parameters in kernel order (they must come last in its signature).
@@ -116,8 +118,11 @@ class Launcher:
     cache would pick a kernel Triton would not.
     """
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Any, **options: Any) -> None:
         self._fn = fn
+        # launch options beyond num_warps / num_stages, the same on every launch (a Gluon
+        # kernel's maxnreg)
+        self._options = options
         names = list(fn.arg_names)
         constexpr = _constexpr_positions(fn)
         if constexpr != list(range(len(names) - len(constexpr), len(names))):
@@ -203,7 +208,7 @@ class Launcher:
         if len(constexprs) != len(self._constexpr_names):
             raise ValueError(f"{self._constexpr_names}: got {len(constexprs)} constexpr values")
         kwargs = dict(zip(self._constexpr_names, constexprs))
-        compiled = self._fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **kwargs)
+        compiled = self._fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **self._options, **kwargs)
         if not self._fast or compiled is None:
             return
         try:
@@ -225,7 +230,8 @@ class Launcher:
     def _verify(self, grid, args, constexprs, num_warps, num_stages, compiled) -> None:
         self._check_types(args)
         kwargs = dict(zip(self._constexpr_names, constexprs))
-        theirs = self._fn.warmup(*args, grid=grid, num_warps=num_warps, num_stages=num_stages, **kwargs)
+        theirs = self._fn.warmup(*args, grid=grid, num_warps=num_warps, num_stages=num_stages, **self._options,
+                                 **kwargs)
         if theirs is not compiled:
             raise RuntimeError(
                 f"Launcher cache picked another compiled kernel than Triton for {self._fn}: key "
@@ -248,7 +254,8 @@ class Launcher:
         worker thread. Raises what Triton's compiler raises.
         """
         kwargs = dict(zip(self._constexpr_names, constexprs))
-        compiled = self._fn.warmup(*args, grid=(1, 1, 1), num_warps=num_warps, num_stages=num_stages, **kwargs)
+        compiled = self._fn.warmup(*args, grid=(1, 1, 1), num_warps=num_warps, num_stages=num_stages,
+                                   **self._options, **kwargs)
         init = getattr(compiled, "_init_handles", None)
         if init is not None:  # load the module and build its launcher here, not at the first launch
             init()
