@@ -330,7 +330,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         mbarrier.arrive(q_empty.index(qi))
 
 
-@gluon.jit
+# the persistent walk's tile counts stay runtime values: specialising them (a multiple of 16, or
+# 1) would compile the kernel again for shapes that differ only in their batch or length
+@gluon.jit(do_not_specialize=("n_m", "n_tiles"))
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh,
                     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, heads, group, n_m, n_tiles, qk_scale,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
