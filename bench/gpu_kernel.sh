@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The kernel's whole GPU check in one run: correctness (against float64 and a baseline copy of the
 # package), flash-attention's own tests, the attention, packed-sequence and decode tables, and the first call with
-# and without a prepared compile cache, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
+# and without a prepared compile cache, the host time per call, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
 # STEPS picks a subset (default: all; the limits in seconds keep a run inside a time budget).
 #
-#   COMMIT=<sha> [STEPS="warm check attention varlen decode tests compile e2e"] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
+#   COMMIT=<sha> [STEPS="warm check attention varlen decode tests compile host e2e"] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
 set -uo pipefail
 OUT=$1
 BASE=${2:-}
 RES=$OUT
-STEPS=${STEPS:-warm check attention varlen decode tests compile e2e}
+STEPS=${STEPS:-warm check attention varlen decode tests compile host e2e}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$(mktemp -d)
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit" "$@" || echo "=== FAILED ($?): $*"; }
@@ -22,5 +22,6 @@ want varlen && step 90 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
 want compile && step 90 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}"
+want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile
 want e2e && step 200 python3 bench/e2e_transformers.py --shape llama-3-8b --out "$RES" --commit "${COMMIT:-unknown}"
 echo "=== done $(date -u +%T)"

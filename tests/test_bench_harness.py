@@ -68,12 +68,16 @@ def test_host_overhead_runs_and_writes_its_results(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(HARNESS.parent.parent)
     result = subprocess.run([sys.executable, str(HARNESS.parent / "host_overhead.py"), "--calls", "1",
-                             "--rounds", "1", "--out", str(tmp_path), "--commit", "test"],
+                             "--rounds", "1", "--out", str(tmp_path), "--commit", "test", "--profile"],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
     assert {r["attention"] for r in rows} >= {"ours (flash wrapper, shipped kernel)", "sdpa (kernel_loader)"}
     assert all(r["host_us"] > 0 for r in rows)
+    # the forward+backward rows, paired against SDPA, and where our call spends its host time
+    training = [r for r in rows if r["shape"].startswith("forward+backward")]
+    assert {r["attention"] for r in training} == {"ours (flash_attn_func)", "sdpa (math)"}
+    assert "flash_attn_func" in (tmp_path / "host_overhead_profile.txt").read_text()
 
 
 def test_attention_row_records_each_contender_and_ratios_only_where_both_ran(harness):
