@@ -84,6 +84,17 @@ def _profile(fn, calls: int, path) -> None:
     path.write_text(f"cProfile of {calls} calls (cumulative)\n" + text.getvalue())
 
 
+def _rows(shape: str, calls: dict, host: dict, base: str, device: str) -> list:
+    """One table row per contender: host µs (median, min), paired against ``base``, GPU µs."""
+    return [{
+        "shape": shape, "attention": name,
+        "host_us": statistics.median(host[name]),
+        "host_min_us": min(host[name]),
+        "vs_sdpa": str(harness.ratio(host[name], host[base])) if name != base else None,
+        "gpu_us": harness.time_us(fn, device="cuda") if device == "cuda" else None,
+    } for name, fn in calls.items()]
+
+
 class _Layer:
     """The attributes an attention function reads from transformers' attention module."""
 
@@ -129,15 +140,7 @@ def main() -> None:
                               before=lambda name: sync())
         sync()
         samples[shape] = host
-        base = host["sdpa (kernel_loader)"]
-        for name, fn in calls.items():
-            rows.append({
-                "shape": shape, "attention": name,
-                "host_us": statistics.median(host[name]),
-                "host_min_us": min(host[name]),
-                "vs_sdpa": str(harness.ratio(host[name], base)) if name != "sdpa (kernel_loader)" else None,
-                "gpu_us": harness.time_us(fn, device="cuda") if device == "cuda" else None,
-            })
+        rows += _rows(shape, calls, host, "sdpa (kernel_loader)", device)
     kernel = harness.shipped_kernel()
     for shape, (gpu_shape, cpu_shape) in TRAIN_SHAPES.items():
         calls = _training_calls(kernel, gpu_shape if device == "cuda" else cpu_shape, device, dtype)
@@ -151,15 +154,7 @@ def main() -> None:
                               before=busy)
         sync()
         samples[shape] = host
-        base_name = next(n for n in calls if n.startswith("sdpa"))
-        for name, fn in calls.items():
-            rows.append({
-                "shape": shape, "attention": name,
-                "host_us": statistics.median(host[name]),
-                "host_min_us": min(host[name]),
-                "vs_sdpa": str(harness.ratio(host[name], host[base_name])) if name != base_name else None,
-                "gpu_us": harness.time_us(fn, device="cuda") if device == "cuda" else None,
-            })
+        rows += _rows(shape, calls, host, next(n for n in calls if n.startswith("sdpa")), device)
         if args.profile:
             from pathlib import Path
 

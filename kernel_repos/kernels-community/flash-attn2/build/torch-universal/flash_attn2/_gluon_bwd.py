@@ -55,7 +55,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._C.libtriton import ir
 
-from ._gluon_fwd import LOG2E, _descriptor, _thread_barrier, _tma_load, _tma_store, copy_engine_reads
+from ._gluon_fwd import (LOG2E, _descriptor, _sequence_bounds, _thread_barrier, _tma_load, _tma_store,
+                         copy_engine_reads)
+from ._launch import Launcher
+
 
 @_gl_core.builtin
 def _tma_reduce_add_36(tensor_desc, coord, src, _semantic=None):
@@ -284,10 +287,7 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, 
     if VARLEN:
         # packed sequences: one [1, total, H, D] view; this program's sequence starts at row
         # q_row0 / k_row0 of it; the grid spans the longest sequence's keys, shorter ones end sooner
-        q_row0 = gl.load(cu_seqlens_q + b)
-        seqlen_q = gl.load(cu_seqlens_q + b + 1) - q_row0
-        k_row0 = gl.load(cu_seqlens_k + b)
-        seqlen_k = gl.load(cu_seqlens_k + b + 1) - k_row0
+        q_row0, seqlen_q, k_row0, seqlen_k = _sequence_bounds(cu_seqlens_q, cu_seqlens_k, b)
         tb = 0
         live = n0 < seqlen_k
         acc_rows_head = total_q
@@ -447,22 +447,20 @@ def gluon_dkdv_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
     launcher(grid, args, _constexprs(launcher, kwargs), kwargs["num_warps"], 1)
 
 
-def _launcher(varlen: bool):
-    """The cached-path Launcher for dense or packed calls (their argument slots differ in kind:
-    packed ones hold None where dense ones hold dK/dV's descriptors, ints where dense ones hold
-    None), made on first use."""
-    from ._launch import Launcher
+# the launches through _launch's cached path, one Launcher for dense calls and one for packed
+# ones (their argument slots differ in kind: packed ones hold None where dense ones hold dK/dV's
+# descriptors, ints where dense ones hold None)
+_LAUNCHERS = {varlen: Launcher(_gluon_attn_bwd, maxnreg=REGS[2]) for varlen in (False, True)}
 
-    if varlen not in _LAUNCHERS:
-        _LAUNCHERS[varlen] = Launcher(_gluon_attn_bwd, maxnreg=REGS[2])
+
+def _launcher(varlen: bool) -> Launcher:
     return _LAUNCHERS[varlen]
 
 
-def _constexprs(launcher, kwargs: dict) -> tuple:
+def _constexprs(launcher: Launcher, kwargs: dict) -> tuple:
     return tuple(kwargs[n] for n in launcher._constexpr_names)
 
 
-_LAUNCHERS: dict = {}
 _AHEAD: set = set()
 
 

@@ -126,6 +126,14 @@ def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.const
 
 
 @gluon.jit
+def _sequence_bounds(cu_seqlens_q, cu_seqlens_k, b):
+    """Packed sequence b's first row and length, of the queries and of the keys."""
+    q_row0 = gl.load(cu_seqlens_q + b)
+    k_row0 = gl.load(cu_seqlens_k + b)
+    return q_row0, gl.load(cu_seqlens_q + b + 1) - q_row0, k_row0, gl.load(cu_seqlens_k + b + 1) - k_row0
+
+
+@gluon.jit
 def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, CAUSAL: gl.constexpr,
           VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, TILE_M: gl.constexpr):
     """The program's i-th tile: (off_m, batch coordinate, head, q_row0, k_row0, seqlen_q, seqlen_k)."""
@@ -150,12 +158,8 @@ def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, CAUSAL:
     b = bh // heads
     h = bh % heads
     if VARLEN:
-        # packed sequences: one [1, total, H, D] view; this program's sequence starts at row
-        # q_row0 / k_row0 of it, and the descriptors' batch coordinate is 0
-        q_row0 = gl.load(cu_seqlens_q + b)
-        sq = gl.load(cu_seqlens_q + b + 1) - q_row0
-        k_row0 = gl.load(cu_seqlens_k + b)
-        sk = gl.load(cu_seqlens_k + b + 1) - k_row0
+        # packed sequences: one [1, total, H, D] view, the descriptors' batch coordinate 0
+        q_row0, sq, k_row0, sk = _sequence_bounds(cu_seqlens_q, cu_seqlens_k, b)
         tb = 0
     else:
         q_row0 = 0

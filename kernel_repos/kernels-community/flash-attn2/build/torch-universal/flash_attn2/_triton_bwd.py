@@ -78,7 +78,7 @@ def _dq_cast_kernel(
     """dQ from the fused modes' fp32 buffer: rows head-major (``[.., heads, tokens, BLOCK_D]``)
     -> dq's ``[.., tokens, heads, head_dim]``, scaled and cast. One pass that reads the buffer in
     whole rows and writes whole head rows of dq: torch's strided multiply of the transposed view
-    took 2.3x as long at 16k tokens (133 us against 58)."""
+    took 133 us at 16k tokens and head_dim 128, this kernel 49."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_q
@@ -583,8 +583,8 @@ def attention_backward(
         plan = launches(cfg, fused, dq_acc)
         if cap is not None:
             _launch.wait(_launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device))
-        for kernel, grid, args, constexprs, warps, stages in plan:
-            kernel(grid, args, constexprs, warps, stages)
+        for step in plan:
+            _run(step)
 
     # the kernel reads lse and delta rows with unit stride (the forward's own layout)
     gluon = (config is None and lse.stride(-1) == 1
@@ -595,11 +595,9 @@ def attention_backward(
         from ._gluon_bwd import gluon_dkdv_dq
 
         dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device)
-        kernel, grid, args, constexprs, warps, stages = delta_launch
-        kernel(grid, args, constexprs, warps, stages)
+        _run(delta_launch)
         gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
-        kernel, grid, args, constexprs, warps, stages = cast_launch(dq_acc)
-        kernel(grid, args, constexprs, warps, stages)
+        _run(cast_launch(dq_acc))
         return dq, dk, dv
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
@@ -620,6 +618,12 @@ def attention_backward(
     launch(_configs.choose("bwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c))))
     return dq, dk, dv
+
+
+def _run(step: tuple) -> None:
+    """Launch one planned ``(launcher, grid, args, constexprs, warps, stages)``."""
+    launcher, grid, args, constexprs, warps, stages = step
+    launcher(grid, args, constexprs, warps, stages)
 
 
 def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) -> bool:
