@@ -77,8 +77,8 @@ def _dq_cast_kernel(
 ):
     """dQ from the fused modes' fp32 buffer: rows head-major (``[.., heads, tokens, BLOCK_D]``)
     -> dq's ``[.., tokens, heads, head_dim]``, scaled and cast. One pass that reads the buffer in
-    whole rows and writes whole head rows of dq: torch's strided multiply of the transposed view
-    took 133 us at 16k tokens and head_dim 128, this kernel 49."""
+    whole rows and writes whole head rows of dq, where torch's strided multiply of the
+    transposed view ran well below the memory rate (bench/NOTES.md)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_q
