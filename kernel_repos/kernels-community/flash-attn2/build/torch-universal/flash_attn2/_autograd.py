@@ -217,6 +217,9 @@ class _TritonAttention(torch.autograd.Function):
         ctx.opts = opts
         ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
+        # lse's gradient is never used: without this autograd would allocate and zero-fill one
+        # for every backward (host time and a kernel launch)
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
@@ -224,6 +227,8 @@ class _TritonAttention(torch.autograd.Function):
         from ._launch import wait
         from ._triton_bwd import attention_backward
 
+        if dout is None:  # only lse reached the loss (grads are not materialised): nothing flows back
+            return None, None, None, None, None, None, None, None, None
         try:
             wait(ctx.compiling)  # the kernels compiled ahead
         except Exception:  # compiled from a guess of dO's layout: the launches below compile

@@ -56,7 +56,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton._C.libtriton import ir
 
 from ._gluon_fwd import (LOG2E, _descriptor, _sequence_bounds, _thread_barrier, _tma_load, _tma_store,
-                         copy_engine_reads)
+                         copy_engine_reads, make_descriptor)
 from ._launch import Launcher
 
 
@@ -393,7 +393,7 @@ def _rows_descriptor(t: torch.Tensor) -> TensorDescriptor:
     """A contiguous ``[B, S, H, D]`` gradient seen as ``[B * S, H * D]``, in boxes of half a key
     block of one head."""
     b, s, h, d = t.shape
-    return TensorDescriptor(t, [b * s, h * d], [h * d, 1], [BLOCK_N // 2, d], _layout_2d(BLOCK_N // 2, d))
+    return make_descriptor(t, [b * s, h * d], [h * d, 1], [BLOCK_N // 2, d], _layout_2d(BLOCK_N // 2, d))
 
 
 @functools.lru_cache(maxsize=None)
@@ -420,7 +420,7 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
         dk_strides, dv_strides = dk.stride()[:3], dv.stride()[:3]
         lse_strides = (lse.stride(0), lse.stride(1))
         packed = (None, None, None)  # compile-time None: a dense call's code has none of them
-    dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [BLOCK_M, d], _layout_dq())
+    dq_desc = make_descriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [BLOCK_M, d], _layout_dq())
     tma_out = STORE_DKDV_BY_TMA and not varlen
     # dK / dV leave in halves of the key block, one per consumer; compile-time None when unused
     out_descs = (_rows_descriptor(dk), _rows_descriptor(dv)) if tma_out else (None, None)

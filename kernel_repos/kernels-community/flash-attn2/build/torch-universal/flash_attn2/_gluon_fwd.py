@@ -53,7 +53,8 @@ gain); launching the longest causal row blocks first (slower at 1k and 4k); at h
 from __future__ import annotations
 
 import functools
-from typing import Optional, Tuple
+import os
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -445,8 +446,22 @@ def copy_engine_reads(t: torch.Tensor) -> bool:
     last dim, every other stride of a dim longer than 1 positive and a multiple of 16 bytes (an
     expanded tensor, stride 0, as a gradient of a broadcast can be, goes to the Triton kernels).
     Raises nothing."""
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(
-        (s * t.element_size()) % 16 == 0 and (s > 0 or n == 1) for s, n in zip(t.stride()[:-1], t.shape[:-1]))
+    if t.data_ptr() & 15:
+        return False
+    # Why a memo: a training step asks this of seven tensors, and the walk over the strides costs
+    # several times the lookup; the answer depends on shape, strides and dtype only
+    key = (t.shape, t.stride(), t.dtype)
+    ok = _READS.get(key)
+    if ok is None:
+        if len(_READS) >= _READS_MAX:  # packed calls bring a new total length each step: stay bounded
+            _READS.clear()
+        ok = _READS[key] = t.stride(-1) == 1 and all(
+            (s * t.element_size()) % 16 == 0 and (s > 0 or n == 1) for s, n in zip(t.stride()[:-1], t.shape[:-1]))
+    return ok
+
+
+_READS: dict = {}
+_READS_MAX = 4096
 
 
 @functools.lru_cache(maxsize=None)
@@ -456,7 +471,33 @@ def _shared_layout(rows: int, head_dim: int) -> gl.NVMMASharedLayout:
 
 
 def _descriptor(t: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim], _shared_layout(rows, head_dim))
+    return make_descriptor(t, list(t.shape), list(t.stride()), [1, rows, 1, head_dim], _shared_layout(rows, head_dim))
+
+
+_DESCRIPTOR_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
+# the check-free construction below fills exactly these fields: any other TensorDescriptor
+# (another Triton release) and the launch check mode go through its constructor
+_UNCHECKED_DESCRIPTORS = (tuple(getattr(TensorDescriptor, "__dataclass_fields__", ())) == _DESCRIPTOR_FIELDS
+                          and os.environ.get("FLASH_ATTN2_LAUNCH_CHECK", "0") != "1")
+
+
+def make_descriptor(base: Any, shape: List[int], strides: List[int], block_shape: List[int],
+                    layout: gl.NVMMASharedLayout) -> TensorDescriptor:
+    """A host TMA descriptor (``TensorDescriptor(base, shape, strides, block_shape, layout)``).
+
+    Why not the constructor: it re-checks rank, alignment, strides and block shape on every
+    call, several µs of host time, and a training step builds eleven. Each caller passes a
+    tensor :func:`supports` (or ``_gluon_bwd.supports``) accepted or a fresh allocation, and a
+    block shape fixed in this package, so the checks cannot fail here; with
+    ``FLASH_ATTN2_LAUNCH_CHECK=1`` (the GPU check) the constructor runs them anyway. Raises
+    AssertionError (the constructor's) only in that mode.
+    """
+    if not _UNCHECKED_DESCRIPTORS:
+        return TensorDescriptor(base, shape, strides, block_shape, layout)
+    desc = object.__new__(TensorDescriptor)
+    desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
+        base, shape, strides, block_shape, layout, "zero")
+    return desc
 
 
 def gluon_attention_forward(

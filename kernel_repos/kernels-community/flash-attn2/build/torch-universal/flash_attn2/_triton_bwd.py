@@ -533,24 +533,46 @@ def attention_backward(
     delta_launch = (_DELTA, ((sq_max + pre_m - 1) // pre_m, batch * hq, 1),
                     (out, do, delta, cuq, *so, *sdo, *l3, sq_max, hq, head_dim),
                     (varlen, pre_m, block_d), 4, 3)  # Triton's defaults, as before the Launcher
-    sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
-    sdq, sdk, sdv = _strides3(dq, varlen), _strides3(dk, varlen), _strides3(dv, varlen)
-    # the dK/dV kernel's arguments around DQA (after alibi) and its two row strides (after a2)
-    dkdv_ptrs = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi)
-    dkdv_strides = (*sq, *sk, *sv, *sdo, *sdk, *sdv, *l3, *a2)
-    dkdv_rest = (sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
-    dq_args = (q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
-               *sdq, *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
+    sdq = _strides3(dq, varlen)
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
     rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (sq_max, sk_max)
-    wide = needs_wide_offsets(rows_q * max(sq[1], sdo[1], sdq[1]), rows_k * max(sk[1], sv[1], sdk[1], sdv[1]))
 
     # the dQ accumulator of the fused modes: [rows, block_d] fp32, rows head-major (dense: batch,
     # head, token; packed: head, token), so a block of query rows is one contiguous box
     acc_rows_head = rows_q
     acc_rows = (1 if varlen else batch) * hq * acc_rows_head
     acc_sb = 0 if varlen else hq * acc_rows_head
+
+    def cast_launch(dq_acc):
+        # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
+        return (_DQ_CAST, ((acc_rows_head + 63) // 64, (1 if varlen else batch) * hq, 1),
+                (dq_acc, dq, *sdq, acc_rows_head, hq, head_dim, softmax_scale), (64, block_d), 4, 1)
+
+    # the kernel reads lse and delta rows with unit stride (the forward's own layout); decided
+    # before the Triton kernels' arguments are built, which the Gluon path does not need
+    gluon = (config is None and lse.stride(-1) == 1
+             and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max, deterministic))
+    packed = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=sq_max,
+                  max_seqlen_k=sk_max) if varlen else {}
+    if gluon and not compile_only:
+        from ._gluon_bwd import gluon_dkdv_dq
+
+        dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device)
+        _run(delta_launch)
+        gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
+        _run(cast_launch(dq_acc))
+        return dq, dk, dv
+
+    sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
+    sdk, sdv = _strides3(dk, varlen), _strides3(dv, varlen)
+    # the dK/dV kernel's arguments around DQA (after alibi) and its two row strides (after a2)
+    dkdv_ptrs = (q, k, v, do, lse, delta, dk, dv, cuq, cuk, used, alibi)
+    dkdv_strides = (*sq, *sk, *sv, *sdo, *sdk, *sdv, *l3, *a2)
+    dkdv_rest = (sq_max, sk_max, hq, hk, hq // hk, head_dim, *scalars)
+    dq_args = (q, k, v, do, lse, delta, dq, cuq, cuk, used, alibi, *sq, *sk, *sv, *sdo,
+               *sdq, *l3, *a2, sq_max, sk_max, hq, hq // hk, head_dim, *scalars)
+    wide = needs_wide_offsets(rows_q * max(sq[1], sdo[1], sdq[1]), rows_k * max(sk[1], sv[1], sdk[1], sdv[1]))
 
     def launches(cfg, fused: int, dq_acc=None) -> list:
         (bm_, bn_, w_, s_, mode), (bm2, bn2, w2, s2) = cfg
@@ -572,11 +594,6 @@ def attention_backward(
             plan.append(cast_launch(dq_acc))
         return plan
 
-    def cast_launch(dq_acc):
-        # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
-        return (_DQ_CAST, ((acc_rows_head + 63) // 64, (1 if varlen else batch) * hq, 1),
-                (dq_acc, dq, *sdq, acc_rows_head, hq, head_dim, softmax_scale), (64, block_d), 4, 1)
-
     def launch(cfg):
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
         dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device) if fused else None
@@ -585,20 +602,6 @@ def attention_backward(
             _launch.wait(_launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device))
         for step in plan:
             _run(step)
-
-    # the kernel reads lse and delta rows with unit stride (the forward's own layout)
-    gluon = (config is None and lse.stride(-1) == 1
-             and _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, sk_max, deterministic))
-    packed = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=sq_max,
-                  max_seqlen_k=sk_max) if varlen else {}
-    if gluon and not compile_only:
-        from ._gluon_bwd import gluon_dkdv_dq
-
-        dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device)
-        _run(delta_launch)
-        gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
-        _run(cast_launch(dq_acc))
-        return dq, dk, dv
 
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
                    bool(dq_mode(cap, block_d, "keys", deterministic, causal, sk_max)))
