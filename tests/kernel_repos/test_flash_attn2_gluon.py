@@ -123,6 +123,38 @@ def test_layout_checks_refuse_what_the_copy_engine_cannot_read():
     assert gf.supports(packed, kv[:, 0], kv[:, 1])
 
 
+
+def test_the_layout_answer_is_remembered_per_layout_but_the_base_address_is_checked_each_call():
+    gf = _gluon_fwd()
+    t = torch.randn(3, 301, 4, 128, dtype=torch.bfloat16)
+    assert gf.copy_engine_reads(t) and gf.copy_engine_reads(t.clone())
+    assert not gf.copy_engine_reads(torch.randn(3, 301, 4, 129, dtype=torch.bfloat16)[..., :128])  # rows 258 bytes
+    flat = torch.randn(3 * 301 * 4 * 128 + 8, dtype=torch.bfloat16)
+    aligned = flat[:-8].view(3, 301, 4, 128)
+    shifted = flat[1:-7].view(3, 301, 4, 128)  # same shape and strides, base 2 bytes off
+    assert gf.copy_engine_reads(aligned)
+    assert not gf.copy_engine_reads(shifted)
+
+
+def test_the_memo_of_layouts_stays_bounded(monkeypatch):
+    gf = _gluon_fwd()
+    monkeypatch.setattr(gf, "_READS", {})
+    monkeypatch.setattr(gf, "_READS_MAX", 4)
+    for n in range(1, 11):  # packed calls: a new total length each step
+        assert gf.copy_engine_reads(torch.randn(n, 2, 128, dtype=torch.bfloat16))
+    assert 0 < len(gf._READS) <= 4
+
+
+def test_descriptors_are_what_the_constructor_builds():
+    gf = _gluon_fwd()
+    t = torch.randn(2, 300, 4, 128, dtype=torch.bfloat16)
+    made = gf._descriptor(t, gf.ROWS, 128)
+    built = gf.TensorDescriptor(t, list(t.shape), list(t.stride()), [1, gf.ROWS, 1, 128], gf._shared_layout(gf.ROWS, 128))
+    assert type(made) is type(built) and vars(made) == vars(built)
+    # the check-free construction only where the descriptor has exactly the fields it fills
+    fields = tuple(getattr(gf.TensorDescriptor, "__dataclass_fields__", ()))
+    assert gf._UNCHECKED_DESCRIPTORS == (fields == gf._DESCRIPTOR_FIELDS)
+
 def _as_sm90_with_gluon(monkeypatch):
     """The autograd glue's view of a call as if on an H200 with the measured Triton (CPU tensors
     stand in: the glue reads only shapes, dtypes, strides and options)."""
