@@ -119,7 +119,9 @@ def main() -> None:
         path = harness.write_results(
             "attention", rows, title="Attention forward and forward+backward, TFLOP/s (bf16, 16k tokens per batch)",
             columns=columns, out_dir=args.out, commit=args.commit,
-            notes=["Medians of triton.testing.do_bench; FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
+            notes=[f"The median over {harness.ROUNDS} interleaved rounds (each times every contender once, in a "
+                   "rotating order, after the GPU was kept busy for 2 s) of triton.testing.do_bench medians; "
+                   "FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
                    "forward+backward. SDPA and Flex get [B, H, S, D] views, the kernel [B, S, H, D].",
                    "'ours bwd kernel': the backward the default call ran (Gluon: dQ reduced inside the dK/dV/dQ "
                    "kernel, _gluon_dispatch.MEASURED_FASTER_BWD; Triton: the Triton kernels). 'deterministic': the "
@@ -127,6 +129,7 @@ def main() -> None:
                    "kernel."])
         return path
 
+    harness.warm_gpu()  # the first row's timings do not meet an idle GPU's clocks
     for d, hq, hk, seq in ROWS:
         for causal in (False, True):
             flop = 4 * (TOKENS // seq) * hq * seq * seq * d / (2 if causal else 1)

@@ -35,6 +35,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend
 
     kernels = harness.kernels(args.baseline)
+    harness.warm_gpu()
     decode = importlib.import_module(kernels["ours"].__name__ + "._triton_decode")
     rows = []
     for ctx in CONTEXTS:
@@ -70,11 +71,9 @@ def main() -> None:
         same = bool(torch.allclose(runs["ours_paged"]().float(), want, atol=2e-2))
         row = dict(context=ctx, paged_equals_contiguous=same,
                    sdpa_expanded_kv=[n for n in ("sdpa_cudnn", "sdpa_flash") if runs[n].expanded_kv])
-        for name, fn in runs.items():
-            try:
-                row[name] = kv_bytes / harness.time_us(fn) / 1e6  # TB/s
-            except Exception as e:  # a backend that cannot run this shape leaves a dash
-                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        medians, errors = harness.interleaved_us(runs)
+        row.update({name: kv_bytes / us / 1e6 for name, us in medians.items()})  # TB/s
+        row.update({f"{name}_error": message for name, message in errors.items()})  # a dash in the table
         for name in ("ours_contiguous", "ours_paged"):
             if row.get(name) and row.get("sdpa_cudnn"):
                 row[f"{name}_vs_cudnn"] = row[name] / row["sdpa_cudnn"]
@@ -90,7 +89,9 @@ def main() -> None:
     path = harness.write_results(
         "decode", rows, title=f"Decode, TB/s of K+V read (bf16, batch {BATCH}, GQA {HQ}/{HK}, head_dim {D})",
         columns=columns, out_dir=args.out, commit=args.commit,
-        notes=[f"One query token per row; paged: {PAGE}-key pages in random order; medians of triton.testing.do_bench."])
+        notes=[f"One query token per row; paged: {PAGE}-key pages in random order; the median over "
+               f"{harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench medians, "
+               "after the GPU was kept busy for 2 s."])
     print(path.read_text())
 
 

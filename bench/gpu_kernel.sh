@@ -17,7 +17,7 @@ step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit"
 # scripts then load them from the cache instead of compiling one at a time.
 want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
 want check && step 120 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
-want attention && step 200 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
+want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want varlen && step 90 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85

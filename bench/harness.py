@@ -27,11 +27,21 @@ API (everything else here is private):
 ``ratio(a, b) -> Ratio``
     ``a / b`` of two paired sample lists: the median of the per-round ratios, a 95 % bootstrap
     interval of that median (seeded, so reruns on the same samples agree) and the min/max.
-``attention_row(row, contenders, flop) -> dict``
+``attention_row(row, contenders, flop, *, rounds=ROUNDS) -> dict``
     Fills ``row`` with each ``name -> (forward, forward_and_backward)`` contender's TFLOP/s
     (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that; a forward of None is
     not timed), or ``<name>_error`` when it cannot run, then ``ratio_<part>`` (ours ÷ sdpa_cudnn) and ``vs_baseline_<part>``
-    (ours ÷ baseline) where both sides ran; returns ``row``.
+    (ours ÷ baseline) where both sides ran; returns ``row``. Every timing runs in ``rounds``
+    interleaved rounds (each round times each contender's forward and forward+backward once,
+    starting at a rotating position) and the median over rounds is kept: a GPU's clock ramp or
+    heat then falls on every contender alike, not on whichever is timed first.
+``interleaved_us(timings, *, rounds=ROUNDS) -> (dict, dict)``
+    ``key -> fn`` timings run through :func:`time_us` in ``rounds`` interleaved rounds (rotating
+    start, as ``attention_row``'s); returns ``({key: median µs}, {key: "Error: message"})``: a
+    timing that raises is reported and not retried.
+``warm_gpu(seconds=2.0)``
+    Keeps the GPU busy with matrix products for ``seconds`` (no-op without one), so that the
+    first timing of a run does not meet an idle GPU's low clocks.
 ``BASELINE_COLUMNS``
     The column headings ``attention_row`` fills for a ``baseline`` contender (add them to a
     table's ``columns`` when ``--baseline`` is given).
@@ -107,13 +117,14 @@ def _default_device() -> str:
 
 
 def time_us(fn: Callable[[], object], *, device: Optional[str] = None,
-            calls: Optional[int] = None, repeat: int = 15) -> float:
-    """Median microseconds per call of ``fn()`` (see the module docstring)."""
+            calls: Optional[int] = None, repeat: int = 15, rep_ms: int = 100) -> float:
+    """Median microseconds per call of ``fn()`` (see the module docstring; ``rep_ms``: how long
+    ``do_bench`` times on a GPU)."""
     device = device or _default_device()
     if device.startswith("cuda"):
         import triton.testing
 
-        return 1000.0 * float(triton.testing.do_bench(fn, warmup=25, rep=100,
+        return 1000.0 * float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms,
                                                       return_mode="median"))
     fn()  # warm-up: first-call costs (imports, memo fills) are not what is measured here
     if calls is None:
@@ -182,20 +193,55 @@ BASELINE_COLUMNS = dict(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f
                         vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
 
 
-def attention_row(row: dict, contenders: Mapping[str, tuple], flop: float) -> dict:
+ROUNDS = 3  # interleaved rounds of attention_row's and interleaved_us's timings
+
+
+def interleaved_us(timings: Mapping[Any, Callable[[], object]], *, rounds: int = ROUNDS) -> tuple[dict, dict]:
+    """Median µs per call of each ``key -> fn`` over interleaved rounds (see the module docstring)."""
+    keys = list(timings)
+    samples: dict = {key: [] for key in keys}
+    errors: dict = {}
+    for r in range(rounds):
+        shift = r % len(keys) if keys else 0
+        for key in keys[shift:] + keys[:shift]:
+            if key in errors:
+                continue
+            try:
+                samples[key].append(time_us(timings[key], rep_ms=max(20, 100 // rounds)))
+            except Exception as e:  # a competitor that cannot run this shape: reported, not retried
+                errors[key] = f"{type(e).__name__}: {str(e)[:200]}"
+    return {key: statistics.median(t) for key, t in samples.items() if t and key not in errors}, errors
+
+
+def attention_row(row: dict, contenders: Mapping[str, tuple], flop: float, *, rounds: int = ROUNDS) -> dict:
     """TFLOP/s of each contender's forward and forward+backward into ``row``, and the ratios."""
-    for name, (fwd, both) in contenders.items():
-        try:
-            if fwd is not None:
-                row[f"{name}_fwd"] = flop / time_us(fwd) / 1e6
-            row[f"{name}_fwdbwd"] = 3.5 * flop / time_us(both) / 1e6
-        except Exception as e:  # a competitor that cannot run this row leaves a dash
-            row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    timings = {(name, part): fn for name, (fwd, both) in contenders.items()
+               for part, fn in (("fwd", fwd), ("fwdbwd", both)) if fn is not None}
+    medians, errors = interleaved_us(timings, rounds=rounds)
+    for (name, part), message in errors.items():
+        row[f"{name}_error"] = message  # a dash in the table
+    for (name, part), us in medians.items():
+        if (name, "fwd") not in errors:  # a forward that fails takes its forward+backward with it
+            row[f"{name}_{part}"] = (1.0 if part == "fwd" else 3.5) * flop / us / 1e6
     for part in ("fwd", "fwdbwd"):
         for key, other in (("ratio", "sdpa_cudnn"), ("vs_baseline", "baseline")):
             if row.get(f"ours_{part}") and row.get(f"{other}_{part}"):
                 row[f"{key}_{part}"] = row[f"ours_{part}"] / row[f"{other}_{part}"]
     return row
+
+
+def warm_gpu(seconds: float = 2.0) -> None:
+    """Matrix products on the GPU for ``seconds`` (see the module docstring); no-op without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
 
 
 def _git_commit() -> Optional[str]:

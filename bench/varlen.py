@@ -58,6 +58,7 @@ def main() -> None:
     lens = lengths()
     max_len = max(lens)
     cu = torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32)
+    harness.warm_gpu()  # the first row's timings do not meet an idle GPU's clocks
     rows = []
     for dim in HEAD_DIMS:
         q, k, v = (torch.randn(TOKENS, HEADS, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -103,7 +104,8 @@ def main() -> None:
         "varlen", rows, title="Packed sequences: varlen beside SDPA on the zero-padded batch, TFLOP/s of real tokens (bf16)",
         columns=columns, out_dir=args.out, commit=args.commit,
         notes=[f"{len(lens)} sequences of 128-4096 tokens (seeded), {TOKENS} tokens in all, {HEADS} heads; "
-               "medians of triton.testing.do_bench. FLOPs of the real tokens only (4·H·n²·D per "
+               f"the median over {harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench "
+               "medians. FLOPs of the real tokens only (4·H·n²·D per "
                "sequence, halved when causal; 3.5x for forward+backward). 'deterministic': the kernel called "
                "with deterministic=True, which runs the Triton backward (dQ in its own kernel); the default runs "
                "the Gluon backward where _gluon_dispatch.MEASURED_FASTER_BWD_VARLEN lists the head dim."],

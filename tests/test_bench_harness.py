@@ -90,3 +90,27 @@ def test_attention_row_records_each_contender_and_ratios_only_where_both_ran(har
     assert row["sdpa_cudnn_error"] == "RuntimeError: no kernel for this shape"
     assert row["ratio_fwd"] == row["ours_fwd"] / row["sdpa_cudnn_fwd"]
     assert "ratio_fwdbwd" not in row and "vs_baseline_fwd" not in row
+
+
+def test_attention_row_interleaves_its_timings_over_rounds_so_no_contender_always_goes_first(harness):
+    calls = []
+    contenders = {name: (lambda name=name: calls.append(name + " fwd"), lambda name=name: calls.append(name + " f+b"))
+                  for name in ("ours", "sdpa_cudnn")}
+    row = harness.attention_row({}, contenders, flop=1e6, rounds=2)
+    blocks = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]  # one block per timing
+    assert blocks == ["ours fwd", "ours f+b", "sdpa_cudnn fwd", "sdpa_cudnn f+b",
+                      "ours f+b", "sdpa_cudnn fwd", "sdpa_cudnn f+b", "ours fwd"]
+    assert row["ratio_fwd"] == row["ours_fwd"] / row["sdpa_cudnn_fwd"] and row["ratio_fwdbwd"] > 0
+
+
+def test_a_failing_forward_leaves_a_dash_for_both_parts_and_is_not_timed_again(harness):
+    tried = []
+
+    def fails():
+        tried.append(1)
+        raise RuntimeError("no kernel for this shape")
+
+    row = harness.attention_row({}, {"ours": (lambda: None, lambda: None), "flex": (fails, lambda: None)},
+                                flop=1e6, rounds=3)
+    assert len(tried) == 1 and row["flex_error"].startswith("RuntimeError")
+    assert "flex_fwd" not in row and "flex_fwdbwd" not in row and row["ours_fwdbwd"] > 0
