@@ -71,7 +71,7 @@ def main() -> None:
         same = bool(torch.allclose(runs["ours_paged"]().float(), want, atol=2e-2))
         row = dict(context=ctx, paged_equals_contiguous=same,
                    sdpa_expanded_kv=[n for n in ("sdpa_cudnn", "sdpa_flash") if runs[n].expanded_kv])
-        medians, errors = harness.interleaved_us(runs)
+        medians, errors, _ = harness.interleaved_us(runs)
         row.update({name: kv_bytes / us / 1e6 for name, us in medians.items()})  # TB/s
         row.update({f"{name}_error": message for name, message in errors.items()})  # a dash in the table
         for name in ("ours_contiguous", "ours_paged"):

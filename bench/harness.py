@@ -31,14 +31,15 @@ API (everything else here is private):
     Fills ``row`` with each ``name -> (forward, forward_and_backward)`` contender's TFLOP/s
     (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that; a forward of None is
     not timed), or ``<name>_error`` when it cannot run, then ``ratio_<part>`` (ours ÷ sdpa_cudnn) and ``vs_baseline_<part>``
-    (ours ÷ baseline) where both sides ran; returns ``row``. Every timing runs in ``rounds``
+    (ours ÷ baseline) where both sides ran, and ``rounds_us`` (each round's µs per timing);
+    returns ``row``. Every timing runs in ``rounds``
     interleaved rounds (each round times each contender's forward and forward+backward once,
     starting at a rotating position) and the median over rounds is kept: a GPU's clock ramp or
     heat then falls on every contender alike, not on whichever is timed first.
-``interleaved_us(timings, *, rounds=ROUNDS) -> (dict, dict)``
+``interleaved_us(timings, *, rounds=ROUNDS) -> (dict, dict, dict)``
     ``key -> fn`` timings run through :func:`time_us` in ``rounds`` interleaved rounds (rotating
-    start, as ``attention_row``'s); returns ``({key: median µs}, {key: "Error: message"})``: a
-    timing that raises is reported and not retried.
+    start, as ``attention_row``'s); returns ``({key: median µs}, {key: "Error: message"},
+    {key: [µs of each round]})``: a timing that raises is reported and not retried.
 ``warm_gpu(seconds=2.0)``
     Keeps the GPU busy with matrix products for ``seconds`` (no-op without one), so that the
     first timing of a run does not meet an idle GPU's low clocks.
@@ -196,7 +197,7 @@ BASELINE_COLUMNS = dict(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f
 ROUNDS = 3  # interleaved rounds of attention_row's and interleaved_us's timings
 
 
-def interleaved_us(timings: Mapping[Any, Callable[[], object]], *, rounds: int = ROUNDS) -> tuple[dict, dict]:
+def interleaved_us(timings: Mapping[Any, Callable[[], object]], *, rounds: int = ROUNDS) -> tuple[dict, dict, dict]:
     """Median µs per call of each ``key -> fn`` over interleaved rounds (see the module docstring)."""
     keys = list(timings)
     samples: dict = {key: [] for key in keys}
@@ -210,14 +211,18 @@ def interleaved_us(timings: Mapping[Any, Callable[[], object]], *, rounds: int =
                 samples[key].append(time_us(timings[key], rep_ms=max(20, 100 // rounds)))
             except Exception as e:  # a competitor that cannot run this shape: reported, not retried
                 errors[key] = f"{type(e).__name__}: {str(e)[:200]}"
-    return {key: statistics.median(t) for key, t in samples.items() if t and key not in errors}, errors
+    medians = {key: statistics.median(t) for key, t in samples.items() if t and key not in errors}
+    return medians, errors, samples
 
 
 def attention_row(row: dict, contenders: Mapping[str, tuple], flop: float, *, rounds: int = ROUNDS) -> dict:
     """TFLOP/s of each contender's forward and forward+backward into ``row``, and the ratios."""
     timings = {(name, part): fn for name, (fwd, both) in contenders.items()
                for part, fn in (("fwd", fwd), ("fwdbwd", both)) if fn is not None}
-    medians, errors = interleaved_us(timings, rounds=rounds)
+    medians, errors, samples = interleaved_us(timings, rounds=rounds)
+    # each round's µs beside the medians (the JSON keeps them; the table shows the medians)
+    row["rounds_us"] = {f"{name}_{part}": [round(x, 2) for x in t] for (name, part), t in
+                        samples.items() if t}
     for (name, part), message in errors.items():
         row[f"{name}_error"] = message  # a dash in the table
     for (name, part), us in medians.items():
