@@ -282,3 +282,15 @@ def test_q_buffers_fit_beside_the_ring_and_double_where_they_can():
         ring = stages * 2 * block_n * head_dim * 2
         assert ring + n * 2 * gf.ROWS * head_dim * 2 <= gf.SHARED_BYTES, head_dim
     assert [gf.q_buffers(d, *gf.TILES[d]) for d in (64, 128, 256)] == [2, 2, 1]
+
+
+def test_short_causal_dense_calls_at_head_dim_128_take_the_64_key_tile():
+    gf = _gluon_fwd()
+    assert gf.call_tile(128, True, 1024, False) == (64, 4)  # measured faster at 1k causal
+    assert gf.call_tile(128, True, 1025, False) == gf.TILES[128]  # 4k measured slower: beyond 1k the shipped tile
+    assert gf.call_tile(128, False, 1024, False) == gf.TILES[128]  # not causal
+    assert gf.call_tile(128, True, 1024, True) == gf.TILES[128]  # packed calls were not measured with it
+    assert gf.call_tile(256, True, 512, False) == gf.TILES[256]
+    # the short tile's ring and Q buffers fit in shared memory, double-buffered
+    block_n, stages = gf.SHORT_CAUSAL_TILES[128][1]
+    assert gf.q_buffers(128, block_n, stages) == 2

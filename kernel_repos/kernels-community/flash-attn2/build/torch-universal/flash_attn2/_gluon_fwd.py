@@ -89,6 +89,12 @@ TILES = {
     128: (128, 2),
     256: (64, 2),
 }
+# head_dim -> (most query and key tokens, (BLOCK_N, STAGES)): the tile of short causal dense calls. At
+# 1k causal tokens a 64-key block measured 1.06x the 128-key one (less of each diagonal block is
+# masked work) and at 4k 0.93x (bench/NOTES.md), so only calls up to the measured length take it
+SHORT_CAUSAL_TILES = {
+    128: (1024, (64, 4)),
+}
 ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
 SHARED_BYTES = 220 * 1024  # of the 227 KB a Hopper block may take, room left for the mbarriers
 # dense calls: one program per SM walks pairs of tiles (the next tile's Q and first K/V blocks
@@ -426,6 +432,16 @@ def tile_for(head_dim: int) -> Optional[Tuple[int, int]]:
     return TILES.get(head_dim)
 
 
+def call_tile(head_dim: int, causal: bool, tokens: int, varlen: bool) -> Tuple[int, int]:
+    """(BLOCK_N, STAGES) of one call: :data:`SHORT_CAUSAL_TILES` for a dense causal call whose
+    query and key lengths (``tokens``: the larger) are at most its number of tokens, else
+    :data:`TILES`. Raises KeyError for a head dim :func:`tile_for` does not serve."""
+    short = SHORT_CAUSAL_TILES.get(head_dim)
+    if short is not None and causal and not varlen and tokens <= short[0]:
+        return short[1]
+    return TILES[head_dim]
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether q/k/v (dense ``[B, S, H, D]`` or packed ``[total, H, D]``) meet this kernel's
     layout needs.
@@ -518,7 +534,7 @@ def gluon_attention_forward(
 
     Packed sequences: q ``[total_q, H, D]``, k/v ``[total_k, Hk, D]`` with int32 ``cu_seqlens_q``
     / ``cu_seqlens_k`` and ``max_seqlen_q``; out like q, lse ``[H, total_q]`` (``_triton_fwd``'s
-    varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :data:`TILES` and ``persistent``
+    varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :func:`call_tile` and ``persistent``
     :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile). Raises what
     Triton raises on compile errors.
     """
@@ -539,7 +555,7 @@ def gluon_attention_forward(
         lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32) if store_lse else None
         lse_strides = (lse.stride(0), lse.stride(1)) if store_lse else (0, 0)
         q4, k4, v4, o4 = q, k, v, out
-    block_n, stages = tile or TILES[head_dim]
+    block_n, stages = tile or call_tile(head_dim, causal, max(seqlen_q, seqlen_k), varlen)
     if batch == 0 or seqlen_q == 0:
         return out, lse
     n_m = triton.cdiv(seqlen_q, 2 * ROWS)
