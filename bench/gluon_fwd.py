@@ -29,8 +29,11 @@ SEQS = (1024, 4096, 16384)
 TOKENS = 16384
 
 # name -> gluon_attention_forward keyword arguments, per head_dim; "gluon" is the shipped kernel,
-# "gluon_per_tile" the same kernel launched one program per tile (what packed calls run)
+# "gluon_per_tile" the same kernel launched one program per tile (what packed calls run); at
+# head_dim 128 each tile in use is also forced on every row ("gluon_n128": 128-key blocks, the
+# default; "gluon_n64": 64-key blocks, what short causal calls take, _gluon_fwd.call_tile)
 KERNELS = {d: {"gluon": {}, "gluon_per_tile": dict(persistent=False)} for d in HEAD_DIMS}
+KERNELS[128].update(gluon_n128=dict(tile=(128, 2)), gluon_n64=dict(tile=(64, 4)))
 
 
 def fwd_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:
