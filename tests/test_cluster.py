@@ -220,7 +220,7 @@ def test_the_cluster_recipe_as_written(hub_env, hub_server, tmp_path):
 
 
 def test_torchrun_ranks_use_a_hub_kernel_from_the_shared_cache(hub_env, hub_server, tmp_path):
-    """8 gloo ranks on the CPU, attn_implementation="org/repo", the kernel from an offline shared cache."""
+    """8 torchrun ranks on the CPU, attn_implementation="org/repo", the kernel from an offline shared cache."""
     sha = hub_server.add_shipped_repo("kernels-community/flash-attn2", versions=(1,))
     shared = tmp_path / "shared"
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE",)}
@@ -229,7 +229,8 @@ def test_torchrun_ranks_use_a_hub_kernel_from_the_shared_cache(hub_env, hub_serv
                    capture_output=True, timeout=120)
     env.update(HF_HUB_OFFLINE="1", KERNEL_LOADER_NO_BUNDLED="1", TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *sys.path]))
-    out = tmp_path / "job.json"
+    out = tmp_path / "ranks"
+    out.mkdir()
     with hub_server.offline():
         done = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
@@ -237,10 +238,10 @@ def test_torchrun_ranks_use_a_hub_kernel_from_the_shared_cache(hub_env, hub_serv
             env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
         )
     assert done.returncode == 0, done.stderr[-6000:]
-    result = json.loads(out.read_text())
-    assert (result["world"], result["source"], result["sha"]) == (8, "cache", sha)
-    assert "flash-attn2" in result["attn"]
-    assert len(set(result["sums"])) == 1  # every rank computed the same logits
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(8)]
+    assert {(r["world"], r["source"], r["sha"]) for r in ranks} == {(8, "cache", sha)}
+    assert all("flash-attn2" in r["attn"] for r in ranks)
+    assert len({r["sum"] for r in ranks}) == 1  # every rank computed the same logits
 
 
 def test_a_variant_locked_too_long_by_another_process_is_a_lock_error(hub_env, hub_server, monkeypatch):
