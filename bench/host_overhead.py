@@ -21,9 +21,12 @@ cuDNN backend on ``[B, H, S, D]`` views) at the attention table's 1k shape (16 �
 head_dim 128, causal; on the CPU a small stand-in), with the GPU kept busy (``torch.cuda._sleep``)
 before each sample, so the host never waits for it and a sample is the host's issue time alone.
 ``--profile`` also writes ``host_overhead_profile.txt`` into ``--out``: the functions our
-training call spends host time in (cProfile, cumulative), to find where it goes.
+training call spends host time in (cProfile on the calling thread: the backward runs on
+autograd's device thread, which it does not see). ``--phases`` splits that call's host time over
+the package's functions, Triton's launcher, its TMA descriptor encoding and torch's allocations
+(each wrapped in a timer; ``host_overhead_phases.md``/``.json``).
 
-    PYTHONPATH=. python bench/host_overhead.py                                        # on a GPU
+    PYTHONPATH=. python bench/host_overhead.py --profile --phases                     # on a GPU
     PYTHONPATH=. python bench/host_overhead.py --calls 2 --rounds 3 --out /tmp/host   # a quick check
 """
 
@@ -66,7 +69,132 @@ def _training_calls(kernel, shape: tuple, device: str, dtype) -> dict:
             out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         return torch.autograd.grad(out, (qt, kt, vt), dot)
 
-    return {"ours (flash_attn_func)": ours, "sdpa (cuDNN)" if device == "cuda" else "sdpa (math)": sdpa}
+    return {"ours (flash_attn_func)": ours, "sdpa (cuDNN)" if device == "cuda" else "sdpa (math)": sdpa,
+            "inputs": (q, k, v, do)}
+
+
+# Where one training call's host time goes: the package's own functions, Triton's launcher and
+# torch's allocations, each wrapped with a timer (inclusive µs per forward+backward call).
+# cProfile alone cannot say: the backward runs on autograd's device thread, which a profiler
+# enabled on the calling thread does not see.
+PHASES = (  # (label, module of the kernel package or None for Triton/torch, attribute path)
+    ("flash_attn_func", None, None),
+    ("  _TritonAttention.forward", "_autograd", "_TritonAttention.forward"),
+    ("    _backward_ahead", "_autograd", "_backward_ahead"),
+    ("    _triton_forward", "_autograd", "_triton_forward"),
+    ("      gluon_attention_forward", "_gluon_fwd", "gluon_attention_forward"),
+    ("autograd.grad", None, None),
+    ("  _TritonAttention.backward (autograd's thread)", "_autograd", "_TritonAttention.backward"),
+    ("    attention_backward", "_triton_bwd", "attention_backward"),
+    ("      gluon_dkdv_dq", "_gluon_bwd", "gluon_dkdv_dq"),
+    ("      _launch_args (gluon bwd)", "_gluon_bwd", "_launch_args"),
+)
+
+
+def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str, dtype) -> dict:
+    """label -> mean host µs per forward+backward call of ours (on a GPU, kept busy), plus the
+    same call's total without the timers and SDPA's (cuDNN on a GPU) total beside it."""
+    import importlib
+    import time
+    from collections import defaultdict
+
+    import torch
+
+    training = _training_calls(kernel, shape, device, dtype)
+    ours, sdpa = (training[name] for name in training if name != "inputs")
+    spent: dict = defaultdict(int)
+    count: dict = defaultdict(int)
+    clock = time.perf_counter_ns
+
+    def timed(label, fn):
+        def wrapper(*args, **kwargs):
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += clock() - t
+                count[label] += 1
+        return wrapper
+
+    undo = []
+
+    def patch(owner, name, label, static=False):
+        old = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        fn = old.__func__ if static else old
+        new = timed(label, fn)
+        setattr(owner, name, staticmethod(new) if static else new)
+        undo.append((owner, name, old))
+
+    pkg = kernel.__name__
+    for label, module, path in PHASES:
+        if module is None:
+            continue
+        owner = importlib.import_module(f"{pkg}.{module}")
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        patch(owner, name, label.strip(), static=isinstance(owner, type))
+    launch_mod = importlib.import_module(f"{pkg}._launch")
+    old_call = launch_mod.Launcher.__call__
+
+    def launcher_call(self, *args, **kwargs):
+        fn = getattr(self._fn, "fn", self._fn)
+        label = f"Launcher: {getattr(fn, '__name__', repr(fn))}"
+        t = clock()
+        try:
+            return old_call(self, *args, **kwargs)
+        finally:
+            spent[label] += clock() - t
+            count[label] += 1
+    launch_mod.Launcher.__call__ = launcher_call
+    undo.append((launch_mod.Launcher, "__call__", old_call))
+    try:
+        from triton.backends.nvidia import driver as nv_driver
+
+        patch(nv_driver, "make_tensordesc_arg", "Triton: make_tensordesc_arg (one TMA descriptor)")
+        patch(nv_driver.CudaLauncher, "__call__", "Triton: CudaLauncher.__call__")
+    except (ImportError, AttributeError, KeyError):
+        pass
+    for name in ("empty", "zeros", "empty_strided"):
+        patch(torch, name, f"torch.{name}")
+
+    def outer_ours():
+        fa = timed("flash_attn_func", kernel.flash_attn_func)
+        q, k, v, do = training["inputs"]
+        return timed("autograd.grad", torch.autograd.grad)(fa(q, k, v, causal=True), (q, k, v), do)
+
+    gpu = device == "cuda"
+
+    def sample(fn) -> float:
+        if gpu:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(50_000_000)  # the GPU stays busy: the host never waits for it
+        t = clock()
+        for _ in range(calls):
+            fn()
+        per_call = (clock() - t) / 1000.0 / calls
+        if gpu:
+            torch.cuda.synchronize()
+        return per_call
+
+    try:
+        outer_ours()
+        spent.clear()
+        count.clear()
+        timed_totals = [sample(outer_ours) for _ in range(rounds)]
+        n = calls * rounds
+        phases = {label: round(spent[label] / 1000.0 / n, 2) for label in spent}
+        counts = {label: count[label] / n for label in count}
+    finally:
+        for owner, name, old in reversed(undo):
+            setattr(owner, name, old)
+    plain = [sample(ours) for _ in range(rounds)]
+    cudnn = [sample(sdpa) for _ in range(rounds)]
+    import statistics
+
+    return {"phases_us": phases, "calls_per_fwdbwd": counts,
+            "total_with_timers_us": statistics.median(timed_totals),
+            "total_us": statistics.median(plain), "sdpa_total_us": statistics.median(cudnn)}
 
 
 def _profile(fn, calls: int, path) -> None:
@@ -81,7 +209,9 @@ def _profile(fn, calls: int, path) -> None:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
-    path.write_text(f"cProfile of {calls} calls (cumulative)\n" + text.getvalue())
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    path.write_text(f"cProfile of {calls} calls on the calling thread (cumulative, then own time; the backward "
+                    "runs on autograd's device thread and shows inside run_backward)\n" + text.getvalue())
 
 
 def _rows(shape: str, calls: dict, host: dict, base: str, device: str) -> list:
@@ -110,6 +240,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--profile", action="store_true",
                         help="also write host_overhead_profile.txt (cProfile of our training call) into --out")
+    parser.add_argument("--phases", action="store_true",
+                        help="also write host_overhead_phases.md/.json: our training call's host time "
+                             "split over the package's functions, Triton's launcher and torch's allocations")
     args = parser.parse_args()
 
     import torch
@@ -144,6 +277,7 @@ def main() -> None:
     kernel = harness.shipped_kernel()
     for shape, (gpu_shape, cpu_shape) in TRAIN_SHAPES.items():
         calls = _training_calls(kernel, gpu_shape if device == "cuda" else cpu_shape, device, dtype)
+        calls.pop("inputs")
 
         def busy(name):
             # the GPU stays busy while the sample issues its calls: host time alone is measured
@@ -163,6 +297,30 @@ def main() -> None:
             _profile(calls["ours (flash_attn_func)"], min(args.calls, TRAIN_CALLS) * args.rounds,
                      out_dir / "host_overhead_profile.txt")
             sync()
+    if args.phases:
+        (gpu_shape, cpu_shape), = TRAIN_SHAPES.values()
+        split = _phase_breakdown(kernel, gpu_shape if device == "cuda" else cpu_shape, min(args.calls, TRAIN_CALLS),
+                                 args.rounds, device, dtype)
+        phase_rows = [{"phase": label, "host_us": split["phases_us"].get(label.strip()),
+                       "calls": split["calls_per_fwdbwd"].get(label.strip())} for label, _m, _p in PHASES]
+        phase_rows += [{"phase": label, "host_us": split["phases_us"][label], "calls": split["calls_per_fwdbwd"][label]}
+                       for label in sorted(split["phases_us"]) if label not in {x.strip() for x, _m, _p in PHASES}]
+        phase_rows += [{"phase": "whole call, timers on", "host_us": split["total_with_timers_us"]},
+                       {"phase": "whole call, timers off", "host_us": split["total_us"]},
+                       {"phase": f"SDPA's whole call ({'cuDNN' if device == 'cuda' else 'math'}, same data)",
+                        "host_us": split["sdpa_total_us"]}]
+        harness.write_results(
+            "host_overhead_phases", phase_rows,
+            title="Host time of one forward+backward call of ours, by function (the training row's shape)",
+            columns={"phase": "function (indented: called inside the one above)", "host_us": "µs per call",
+                     "calls": "calls per forward+backward"},
+            out_dir=args.out, commit=args.commit,
+            notes=[f"{str(dtype).removeprefix('torch.')}, {'x'.join(map(str, gpu_shape if device == 'cuda' else cpu_shape))} "
+                   f"[B, S, H, D], causal; each function wrapped in a timer (inclusive time; a timer costs well under 1 µs), "
+                   f"{args.rounds} samples of {min(args.calls, TRAIN_CALLS)} calls with the GPU kept busy "
+                   "(host issue time alone), mean per call. The backward runs on autograd's device thread; "
+                   "autograd.grad minus _TritonAttention.backward is the engine's own share."],
+            extra={"split": split})
     path = harness.write_results(
         "host_overhead", rows, title="Host time per attention call: our FlashAttention wrapper beside sdpa",
         columns={"shape": "shape", "attention": "attention", "host_us": "host µs/call (median)",

@@ -114,3 +114,30 @@ def test_a_failing_forward_leaves_a_dash_for_both_parts_and_is_not_timed_again(h
                                 flop=1e6, rounds=3)
     assert len(tried) == 1 and row["flex_error"].startswith("RuntimeError")
     assert "flex_fwd" not in row and "flex_fwdbwd" not in row and row["ours_fwdbwd"] > 0
+
+
+def test_host_phases_split_our_training_call_and_put_everything_back(harness, monkeypatch):
+    """--phases: inclusive host time per function of one forward+backward, on the interpreter here."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(HARNESS.parent))
+    spec = importlib.util.spec_from_file_location("bench_host_overhead", HARNESS.parent / "host_overhead.py")
+    host = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host)
+    kernel = harness.shipped_kernel()
+    autograd = importlib.import_module(f"{kernel.__name__}._autograd")
+    launch = importlib.import_module(f"{kernel.__name__}._launch")
+    before = (autograd._TritonAttention.__dict__["forward"], launch.Launcher.__call__, torch.empty)
+
+    split = host._phase_breakdown(kernel, (1, 32, 2, 32), 1, 1, "cpu", torch.float32)
+
+    us, calls = split["phases_us"], split["calls_per_fwdbwd"]
+    # nesting: each function's time holds the time of the ones it calls
+    assert us["flash_attn_func"] >= us["_TritonAttention.forward"] >= us["_triton_forward"] > 0
+    assert us["autograd.grad"] >= us["_TritonAttention.backward (autograd's thread)"] >= us["attention_backward"] > 0
+    assert calls["attention_backward"] == 1 and calls["_TritonAttention.forward"] == 1
+    assert any(label.startswith("Launcher: ") for label in us)  # the kernels' launches, by kernel name
+    assert calls["torch.empty"] >= 3  # dq, dk, dv at least
+    assert split["total_us"] > 0 and split["sdpa_total_us"] > 0
+    # the timers are gone afterwards
+    assert (autograd._TritonAttention.__dict__["forward"], launch.Launcher.__call__, torch.empty) == before
