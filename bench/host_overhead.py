@@ -21,8 +21,8 @@ cuDNN backend on ``[B, H, S, D]`` views) at the attention table's 1k shape (16 �
 head_dim 128, causal; on the CPU a small stand-in), with the GPU kept busy (``torch.cuda._sleep``)
 before each sample, so the host never waits for it and a sample is the host's issue time alone.
 ``--profile`` also writes ``host_overhead_profile.txt`` into ``--out``: the functions our
-training call spends host time in (cProfile on the calling thread: the backward runs on
-autograd's device thread, which it does not see). ``--phases`` splits that call's host time over
+training call spends host time in (cProfile; before Python 3.12 it does not see autograd's device
+thread, where the backward runs). ``--phases`` splits that call's host time over
 the package's functions, Triton's launcher, its TMA descriptor encoding and torch's allocations
 (each wrapped in a timer; ``host_overhead_phases.md``/``.json``).
 
@@ -75,8 +75,8 @@ def _training_calls(kernel, shape: tuple, device: str, dtype) -> dict:
 
 # Where one training call's host time goes: the package's own functions, Triton's launcher and
 # torch's allocations, each wrapped with a timer (inclusive µs per forward+backward call).
-# cProfile alone cannot say: the backward runs on autograd's device thread, which a profiler
-# enabled on the calling thread does not see.
+# Why beside cProfile: its per-call cost inflates small functions several-fold, and on Pythons
+# before 3.12 it does not see autograd's device thread, where the backward runs.
 PHASES = (  # (label, module of the kernel package or None for Triton/torch, attribute path)
     ("flash_attn_func", None, None),
     ("  _TritonAttention.forward", "_autograd", "_TritonAttention.forward"),
@@ -210,8 +210,8 @@ def _profile(fn, calls: int, path) -> None:
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
-    path.write_text(f"cProfile of {calls} calls on the calling thread (cumulative, then own time; the backward "
-                    "runs on autograd's device thread and shows inside run_backward)\n" + text.getvalue())
+    path.write_text(f"cProfile of {calls} calls (cumulative, then own time; the backward runs on autograd's device "
+                    "thread, which cProfile sees from Python 3.12 on)\n" + text.getvalue())
 
 
 def _rows(shape: str, calls: dict, host: dict, base: str, device: str) -> list:
@@ -316,10 +316,11 @@ def main() -> None:
                      "calls": "calls per forward+backward"},
             out_dir=args.out, commit=args.commit,
             notes=[f"{str(dtype).removeprefix('torch.')}, {'x'.join(map(str, gpu_shape if device == 'cuda' else cpu_shape))} "
-                   f"[B, S, H, D], causal; each function wrapped in a timer (inclusive time; a timer costs well under 1 µs), "
-                   f"{args.rounds} samples of {min(args.calls, TRAIN_CALLS)} calls with the GPU kept busy "
-                   "(host issue time alone), mean per call. The backward runs on autograd's device thread; "
-                   "autograd.grad minus _TritonAttention.backward is the engine's own share."],
+                   f"[B, S, H, D], causal; each function wrapped in a timer (inclusive time, which holds the "
+                   "cost of the timers inside it: the two whole-call totals below, divided by the timed calls per "
+                   f"call, give one timer's cost), {args.rounds} samples of {min(args.calls, TRAIN_CALLS)} calls "
+                   "with the GPU kept busy (host issue time alone), mean per call. The backward runs on autograd's "
+                   "device thread; autograd.grad minus _TritonAttention.backward is the engine's own share."],
             extra={"split": split})
     path = harness.write_results(
         "host_overhead", rows, title="Host time per attention call: our FlashAttention wrapper beside sdpa",

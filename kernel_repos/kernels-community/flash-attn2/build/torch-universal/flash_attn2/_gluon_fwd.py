@@ -91,7 +91,8 @@ TILES = {
 }
 # head_dim -> (most query and key tokens, (BLOCK_N, STAGES)): the tile of short causal dense calls. At
 # 1k causal tokens a 64-key block measured 1.06x the 128-key one (less of each diagonal block is
-# masked work) and at 4k 0.93x (bench/NOTES.md), so only calls up to the measured length take it
+# masked work) and at 4k 0.94x (bench/results/gluon_fwd_tiles.md), so only calls up to the measured
+# length take it
 SHORT_CAUSAL_TILES = {
     128: (1024, (64, 4)),
 }
