@@ -155,7 +155,7 @@ def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str,
         patch(nv_driver.CudaLauncher, "__call__", "Triton: CudaLauncher.__call__")
     except (ImportError, AttributeError, KeyError):
         pass
-    for name in ("empty", "zeros", "empty_strided"):
+    for name in ("empty", "empty_like", "zeros", "empty_strided"):
         patch(torch, name, f"torch.{name}")
 
     def outer_ours():

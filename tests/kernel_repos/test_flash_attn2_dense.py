@@ -74,6 +74,23 @@ def test_triton_noncontiguous_inputs():
     _run_and_compare(1, 37, 29, 4, 2, 64, torch.float16, dict(causal=True), noncontig=True)
 
 
+@pytest.mark.parametrize("layout", ["flash", "transformers"])
+def test_out_and_gradients_are_contiguous_whatever_the_inputs_layout(layout):
+    """[B, S, H, D] tensors, or transformers' [B, H, S, D] ones seen as [B, S, H, D]: the output
+    and the gradients come back contiguous, shaped and typed like the inputs."""
+    torch.manual_seed(0)
+    if layout == "flash":
+        q, k, v = (torch.randn(2, 24, 4, 32, dtype=torch.float16) for _ in range(3))
+    else:
+        q, k, v = (torch.randn(2, 4, 24, 32, dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = fa.flash_attn_func(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    for t in (out, dq, dk, dv):
+        assert t.shape == q.shape and t.dtype == q.dtype and t.is_contiguous()
+        assert t.stride() == torch.empty(q.shape).stride()
+
+
 # Inference calls with few query tokens (decode steps) take the split-K decode kernel.
 DECODE_CASES = {
     "q1-gqa-causal": (3, 1, 70, 8, 2, 64, torch.float16, dict(causal=True)),

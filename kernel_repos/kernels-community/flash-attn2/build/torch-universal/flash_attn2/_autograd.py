@@ -8,13 +8,14 @@ Triton is imported lazily so the package imports on machines without it.
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from typing import Optional, Tuple
 
 import torch
 
-from . import _gluon_dispatch, _torch_impl, _validate
+from . import _gluon_dispatch, _launch, _torch_impl, _validate
 
 _WARNED = set()
 _INF = float("inf")
@@ -77,11 +78,9 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
     if v.stride(-1) != 1:
         v = v.contiguous()
     if q.is_cuda and _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts):
-        from ._gluon_fwd import gluon_attention_forward
-
-        out, lse = gluon_attention_forward(q, k, v, softmax_scale=opts["softmax_scale"], causal=opts["causal"],
-                                           store_lse=store_lse, cu_seqlens_q=cu_seqlens_q,
-                                           cu_seqlens_k=cu_seqlens_k, max_seqlen_q=opts["max_seqlen_q"])
+        out, lse = _module("_gluon_fwd").gluon_attention_forward(
+            q, k, v, softmax_scale=opts["softmax_scale"], causal=opts["causal"], store_lse=store_lse,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=opts["max_seqlen_q"])
         return q, k, v, out, lse
     out, lse = _attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
@@ -99,13 +98,27 @@ def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
              and not opts["softcap"] and tuple(opts["window_size"]) == (-1, -1))
     if not (plain and _gluon_dispatch.gluon_available()):
         return False
-    from ._gluon_fwd import supports
-    from ._triton_fwd import capability_of
-
     seqlen_q = opts["max_seqlen_q"] if varlen else q.shape[1]
     # the layout check last: it reads every stride, and most calls are decided before it
-    return _gluon_dispatch.wants_gluon(capability_of(q.device), True, q.shape[-1], opts["causal"], seqlen_q,
-                                       plain, q.dtype == torch.bfloat16, True, varlen=varlen) and supports(q, k, v)
+    return (_gluon_dispatch.wants_gluon(_module("_triton_fwd").capability_of(q.device), True, q.shape[-1],
+                                        opts["causal"], seqlen_q, plain, q.dtype == torch.bfloat16, True,
+                                        varlen=varlen)
+            and _module("_gluon_fwd").supports(q, k, v))
+
+
+_MODULES: dict = {}
+
+
+def _module(name: str):
+    """This package's module ``name``, imported on first use (the kernel modules import Triton).
+
+    Why not ``from .name import f`` inside the functions that need it: such a statement runs the
+    import machinery on every call, about a microsecond each, several times per training step.
+    Attributes are still read from the module at call time, so patching them works."""
+    module = _MODULES.get(name)
+    if module is None:
+        module = _MODULES[name] = importlib.import_module(f"{__package__}.{name}")
+    return module
 
 
 _attention_forward = None
@@ -224,17 +237,14 @@ class _TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        from ._launch import wait
-        from ._triton_bwd import attention_backward
-
         if dout is None:  # only lse reached the loss (grads are not materialised): nothing flows back
             return None, None, None, None, None, None, None, None, None
         try:
-            wait(ctx.compiling)  # the kernels compiled ahead
+            _launch.wait(ctx.compiling)  # the kernels compiled ahead
         except Exception:  # compiled from a guess of dO's layout: the launches below compile
             pass  # what they need themselves, and raise there if the error is real
         q, k, v, out, lse, alibi_slopes, cu_q, cu_k, seqused_k = ctx.saved_tensors
-        dq, dk, dv = attention_backward(
+        dq, dk, dv = _module("_triton_bwd").attention_backward(
             dout, q, k, v, out, lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused_k,
             alibi_slopes=alibi_slopes, deterministic=ctx.deterministic, **ctx.opts,
         )

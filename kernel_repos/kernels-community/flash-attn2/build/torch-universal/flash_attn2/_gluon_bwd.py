@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from typing import Tuple
 
 import torch
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language import _core as _gl_core
@@ -378,7 +378,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor
         return False
     if q.shape[-1] not in HEAD_DIMS or 0 in q.shape or 0 in k.shape:
         return False
-    return all(copy_engine_reads(t) for t in (q, k, v, do))
+    # an ``and`` chain, not all() over a generator: this runs on every training step
+    return copy_engine_reads(q) and copy_engine_reads(k) and copy_engine_reads(v) and copy_engine_reads(do)
 
 
 @functools.lru_cache(maxsize=None)
@@ -424,7 +425,7 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
     tma_out = STORE_DKDV_BY_TMA and not varlen
     # dK / dV leave in halves of the key block, one per consumer; compile-time None when unused
     out_descs = (_rows_descriptor(dk), _rows_descriptor(dv)) if tma_out else (None, None)
-    grid = (triton.cdiv(seqlen_k, BLOCK_N), batch * heads_k, 1)
+    grid = ((seqlen_k + BLOCK_N - 1) // BLOCK_N, batch * heads_k, 1)  # not triton.cdiv: µs a call
     args = (_descriptor(q, BLOCK_M, d), _descriptor(k, BLOCK_N, d), _descriptor(v, BLOCK_N, d),
             _descriptor(do, BLOCK_M, d),
             dq_desc, *out_descs, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
@@ -458,7 +459,15 @@ def _launcher(varlen: bool) -> Launcher:
 
 
 def _constexprs(launcher: Launcher, kwargs: dict) -> tuple:
-    return tuple(kwargs[n] for n in launcher._constexpr_names)
+    names = launcher._constexpr_names
+    if names == _PICK_CONSTEXPRS[0]:
+        return _PICK_CONSTEXPRS[1](kwargs)
+    return tuple(kwargs[n] for n in names)
+
+
+# the kernel's constexpr names and a C-level pick of their values out of _launch_args's keywords
+# (a generator over the names cost microseconds on every training step)
+_PICK_CONSTEXPRS = (_LAUNCHERS[False]._constexpr_names, operator.itemgetter(*_LAUNCHERS[False]._constexpr_names))
 
 
 _AHEAD: set = set()

@@ -58,7 +58,6 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -71,6 +70,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._launch import Launcher
+from ._triton_fwd import fresh_like
 
 LOG2E = 1.4426950408889634
 
@@ -455,7 +455,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         return False
     if q.dim() not in (3, 4) or tile_for(q.shape[-1]) is None or 0 in q.shape or 0 in k.shape:
         return False
-    return all(copy_engine_reads(t) for t in (q, k, v))
+    # an ``and`` chain, not all() over a generator: this runs on every call
+    return copy_engine_reads(q) and copy_engine_reads(k) and copy_engine_reads(v)
 
 
 def copy_engine_reads(t: torch.Tensor) -> bool:
@@ -541,7 +542,7 @@ def gluon_attention_forward(
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = fresh_like(q)
     if varlen:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.numel() - 1, int(max_seqlen_q), 0  # lengths: per sequence
         total_q, heads, _ = q.shape
@@ -559,7 +560,7 @@ def gluon_attention_forward(
     block_n, stages = tile or call_tile(head_dim, causal, max(seqlen_q, seqlen_k), varlen)
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    n_m = triton.cdiv(seqlen_q, 2 * ROWS)
+    n_m = (seqlen_q + 2 * ROWS - 1) // (2 * ROWS)  # not triton.cdiv: a jit-wrapped helper, µs a call
     persistent = (PERSISTENT if persistent is None else persistent) and not varlen
     if persistent:
         n_tiles = n_m * batch * heads

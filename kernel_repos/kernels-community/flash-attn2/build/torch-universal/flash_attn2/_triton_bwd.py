@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import _configs, _launch
+from . import _configs, _gluon_dispatch, _launch
 from ._launch import Launcher
-from ._triton_fwd import LOG2E, device_capability, next_pow2_dim
+from ._triton_fwd import LOG2E, device_capability, fresh_like, next_pow2_dim
 from ._triton_tile import (
     _allowed,
     _dropout_keep,
@@ -498,51 +498,39 @@ def attention_backward(
     # compile_only: the gradients' buffers are stand-ins (a meta tensor has the strides of a
     # fresh one, and Triton takes its address 0 as 16-byte aligned, as a fresh allocation is)
     where = "meta" if compile_only else q.device
-    dq = torch.empty(q.shape, dtype=q.dtype, device=where)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=where)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=where)
+    if compile_only:
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=where) for t in (q, k, v))
+    else:
+        dq, dk, dv = fresh_like(q), fresh_like(k), fresh_like(v)
     if batch == 0 or q.numel() == 0 or k.shape[0 if varlen else 1] == 0:
         if compile_only:
             return []
         return (dq.zero_(), dk.zero_(), dv.zero_()) if batch == 0 or q.numel() == 0 else (dq.zero_(), dk, dv)
-    # not empty_like: moving a CUDA tensor's layout to ``meta`` runs torch's Python reference,
-    # whose first use imports sympy (seconds of a prepared node's first call)
-    delta = torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=where)
+    # compile_only, not empty_like: moving a CUDA tensor's layout to ``meta`` runs torch's Python
+    # reference, whose first use imports sympy (seconds of a prepared node's first call)
+    delta = (torch.empty_like(lse) if not compile_only and lse.is_contiguous() else
+             torch.empty_strided(lse.shape, lse.stride(), dtype=lse.dtype, device=where))
     left, right = int(window_size[0]), int(window_size[1])
     softcap = float(softcap)
     if causal:
         right = 0
-    if alibi_slopes is not None:
-        a2 = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 else (0, alibi_slopes.stride(0))
-    else:
-        a2 = (0, 0)
     block_d = next_pow2_dim(head_dim)
     cap = device_capability(q)
-    # absent optional pointers: None, a compile-time constant the launch does not validate
-    cuq = cu_seqlens_q if varlen else None
-    cuk = cu_seqlens_k if varlen else None
-    used = seqused_k
-    alibi = alibi_slopes
     softmax_scale = float(softmax_scale)
-    scalars = (softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
-               softcap, softmax_scale, left, right, float(dropout_p), int(seed),
-               sq_max, sk_max)
-
+    # what the Gluon path needs comes first; the Triton kernels' own arguments after its branch
     pre_m = 64 if cap is not None else 16
     so, sdo = _strides3(out, varlen), _strides3(do, varlen)
+    # cu_seqlens_q is None for dense calls: a compile-time constant the launch does not validate
     delta_launch = (_DELTA, ((sq_max + pre_m - 1) // pre_m, batch * hq, 1),
-                    (out, do, delta, cuq, *so, *sdo, *l3, sq_max, hq, head_dim),
+                    (out, do, delta, cu_seqlens_q, *so, *sdo, *l3, sq_max, hq, head_dim),
                     (varlen, pre_m, block_d), 4, 3)  # Triton's defaults, as before the Launcher
     sdq = _strides3(dq, varlen)
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
-    rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (sq_max, sk_max)
-
     # the dQ accumulator of the fused modes: [rows, block_d] fp32, rows head-major (dense: batch,
     # head, token; packed: head, token), so a block of query rows is one contiguous box
-    acc_rows_head = rows_q
+    acc_rows_head = q.shape[0] if varlen else sq_max
     acc_rows = (1 if varlen else batch) * hq * acc_rows_head
-    acc_sb = 0 if varlen else hq * acc_rows_head
 
     def cast_launch(dq_acc):
         # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
@@ -556,14 +544,27 @@ def attention_backward(
     packed = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=sq_max,
                   max_seqlen_k=sk_max) if varlen else {}
     if gluon and not compile_only:
-        from ._gluon_bwd import gluon_dkdv_dq
-
         dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device)
         _run(delta_launch)
-        gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
+        (_GLUON_BWD_MODULE or _load_gluon_bwd()).gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv,
+                                                         softmax_scale=softmax_scale, causal=causal, **packed)
         _run(cast_launch(dq_acc))
         return dq, dk, dv
 
+    if alibi_slopes is not None:
+        a2 = (alibi_slopes.stride(0), alibi_slopes.stride(1)) if alibi_slopes.dim() == 2 else (0, alibi_slopes.stride(0))
+    else:
+        a2 = (0, 0)
+    # absent optional pointers: None, a compile-time constant the launch does not validate
+    cuq = cu_seqlens_q if varlen else None
+    cuk = cu_seqlens_k if varlen else None
+    used = seqused_k
+    alibi = alibi_slopes
+    scalars = (softmax_scale * LOG2E, softmax_scale / softcap if softcap > 0 else 1.0,
+               softcap, softmax_scale, left, right, float(dropout_p), int(seed),
+               sq_max, sk_max)
+    rows_q, rows_k = (q.shape[0], k.shape[0]) if varlen else (sq_max, sk_max)
+    acc_sb = 0 if varlen else hq * acc_rows_head
     sq, sk, sv = _strides3(q, varlen), _strides3(k, varlen), _strides3(v, varlen)
     sdk, sdv = _strides3(dk, varlen), _strides3(dv, varlen)
     # the dK/dV kernel's arguments around DQA (after alibi) and its two row strides (after a2)
@@ -606,12 +607,11 @@ def attention_backward(
     shape_class = (q.dtype, causal, left >= 0, softcap > 0, alibi_slopes is not None,
                    bool(dq_mode(cap, block_d, "keys", deterministic, causal, sk_max)))
     if gluon and compile_only:
-        from ._gluon_bwd import compile_ahead
-
         acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta")
         plan = (delta_launch, cast_launch(acc))
-        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device) + compile_ahead(
-            q, k, v, do, lse, delta, acc, dk, dv, softmax_scale=softmax_scale, causal=causal, **packed)
+        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device) + (
+            _GLUON_BWD_MODULE or _load_gluon_bwd()).compile_ahead(q, k, v, do, lse, delta, acc, dk, dv,
+                                                          softmax_scale=softmax_scale, causal=causal, **packed)
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
@@ -634,8 +634,6 @@ def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) 
     not None; otherwise the rule ``_gluon_dispatch.wants_gluon_backward``). Only the calls the
     kernel serves qualify: dense or packed, no seqused_k / window / softcap / ALiBi / dropout,
     the layout ``_gluon_bwd.supports`` checks."""
-    from . import _gluon_dispatch
-
     # flags: (varlen, seqused, left, right, softcap, alibi, dropout, even_d); causal sets right
     plain = not any(flags[1:3]) and (causal or not flags[3]) and not any(flags[4:7])
     # forced on, it still serves only what it can: sm90, plain, not deterministic
@@ -644,9 +642,21 @@ def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) 
     if GLUON_BWD is None and not _gluon_dispatch.wants_gluon_backward(
             cap, True, q.shape[-1], causal, keys, plain, q.dtype == torch.bfloat16, deterministic, varlen=varlen):
         return False
-    from ._gluon_bwd import supports
+    return (_GLUON_BWD_MODULE or _load_gluon_bwd()).supports(q, k, v, do)
 
-    return supports(q, k, v, do)
+
+# The Gluon backward's module once imported (it imports Gluon, so not before an sm90 call needs
+# it). Why a global and not ``from ._gluon_bwd import ...`` in the functions: such an import
+# statement runs the import machinery on every training step, about a microsecond each.
+_GLUON_BWD_MODULE = None
+
+
+def _load_gluon_bwd():
+    global _GLUON_BWD_MODULE
+    from . import _gluon_bwd
+
+    _GLUON_BWD_MODULE = _gluon_bwd
+    return _gluon_bwd
 
 
 def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
