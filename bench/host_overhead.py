@@ -32,6 +32,8 @@ the package's functions, Triton's launcher, its TMA descriptor encoding and torc
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import statistics
 
 import harness
@@ -64,13 +66,33 @@ def _training_calls(kernel, shape: tuple, device: str, dtype) -> dict:
     def ours():
         return torch.autograd.grad(kernel.flash_attn_func(q, k, v, causal=True), (q, k, v), do)
 
+    def ours_direct():
+        with direct_launch(kernel, True):
+            return ours()
+
     def sdpa():
         with sdpa_kernel(backends):
             out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         return torch.autograd.grad(out, (qt, kt, vt), dot)
 
-    return {"ours (flash_attn_func)": ours, "sdpa (cuDNN)" if device == "cuda" else "sdpa (math)": sdpa,
-            "inputs": (q, k, v, do)}
+    return {"ours (flash_attn_func)": ours, DIRECT: ours_direct,
+            "sdpa (cuDNN)" if device == "cuda" else "sdpa (math)": sdpa, "inputs": (q, k, v, do)}
+
+
+DIRECT = "ours (flash_attn_func, direct launch)"
+
+
+@contextlib.contextmanager
+def direct_launch(kernel, on: bool):
+    """The kernel's cached launches call Triton's C launch function themselves (``_launch.DirectLaunch``,
+    Triton 3.6 only; elsewhere this changes nothing) inside the block, or not."""
+    launch = importlib.import_module(f"{kernel.__name__}._launch")
+    was = launch.DIRECT_LAUNCH
+    launch.DIRECT_LAUNCH = on
+    try:
+        yield
+    finally:
+        launch.DIRECT_LAUNCH = was
 
 
 # Where one training call's host time goes: the package's own functions, Triton's launcher and
@@ -91,17 +113,18 @@ PHASES = (  # (label, module of the kernel package or None for Triton/torch, att
 )
 
 
-def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str, dtype) -> dict:
+def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str, dtype, direct: bool = False) -> dict:
     """label -> mean host µs per forward+backward call of ours (on a GPU, kept busy), plus the
-    same call's total without the timers and SDPA's (cuDNN on a GPU) total beside it."""
-    import importlib
+    same call's total without the timers and SDPA's (cuDNN on a GPU) total beside it; ``direct``:
+    with the kernel's direct launches (:func:`direct_launch`)."""
     import time
     from collections import defaultdict
 
     import torch
 
     training = _training_calls(kernel, shape, device, dtype)
-    ours, sdpa = (training[name] for name in training if name != "inputs")
+    ours, sdpa = training[DIRECT if direct else "ours (flash_attn_func)"], training[
+        next(name for name in training if name.startswith("sdpa"))]
     spent: dict = defaultdict(int)
     count: dict = defaultdict(int)
     clock = time.perf_counter_ns
@@ -161,7 +184,8 @@ def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str,
     def outer_ours():
         fa = timed("flash_attn_func", kernel.flash_attn_func)
         q, k, v, do = training["inputs"]
-        return timed("autograd.grad", torch.autograd.grad)(fa(q, k, v, causal=True), (q, k, v), do)
+        with direct_launch(kernel, direct):
+            return timed("autograd.grad", torch.autograd.grad)(fa(q, k, v, causal=True), (q, k, v), do)
 
     gpu = device == "cuda"
 
@@ -299,29 +323,35 @@ def main() -> None:
             sync()
     if args.phases:
         (gpu_shape, cpu_shape), = TRAIN_SHAPES.values()
-        split = _phase_breakdown(kernel, gpu_shape if device == "cuda" else cpu_shape, min(args.calls, TRAIN_CALLS),
-                                 args.rounds, device, dtype)
+        shape = gpu_shape if device == "cuda" else cpu_shape
+        split, direct = (_phase_breakdown(kernel, shape, min(args.calls, TRAIN_CALLS), args.rounds, device, dtype, d)
+                         for d in (False, True))
+        named = [label for label, _m, _p in PHASES]
+        named += sorted({*split["phases_us"], *direct["phases_us"]} - {x.strip() for x in named})
         phase_rows = [{"phase": label, "host_us": split["phases_us"].get(label.strip()),
-                       "calls": split["calls_per_fwdbwd"].get(label.strip())} for label, _m, _p in PHASES]
-        phase_rows += [{"phase": label, "host_us": split["phases_us"][label], "calls": split["calls_per_fwdbwd"][label]}
-                       for label in sorted(split["phases_us"]) if label not in {x.strip() for x, _m, _p in PHASES}]
-        phase_rows += [{"phase": "whole call, timers on", "host_us": split["total_with_timers_us"]},
-                       {"phase": "whole call, timers off", "host_us": split["total_us"]},
+                       "calls": split["calls_per_fwdbwd"].get(label.strip()),
+                       "direct_us": direct["phases_us"].get(label.strip())} for label in named]
+        phase_rows += [{"phase": "whole call, timers on", "host_us": split["total_with_timers_us"],
+                        "direct_us": direct["total_with_timers_us"]},
+                       {"phase": "whole call, timers off", "host_us": split["total_us"], "direct_us": direct["total_us"]},
                        {"phase": f"SDPA's whole call ({'cuDNN' if device == 'cuda' else 'math'}, same data)",
-                        "host_us": split["sdpa_total_us"]}]
+                        "host_us": split["sdpa_total_us"], "direct_us": direct["sdpa_total_us"]}]
         harness.write_results(
             "host_overhead_phases", phase_rows,
             title="Host time of one forward+backward call of ours, by function (the training row's shape)",
             columns={"phase": "function (indented: called inside the one above)", "host_us": "µs per call",
-                     "calls": "calls per forward+backward"},
+                     "calls": "calls per forward+backward", "direct_us": "µs per call, direct launches"},
             out_dir=args.out, commit=args.commit,
             notes=[f"{str(dtype).removeprefix('torch.')}, {'x'.join(map(str, gpu_shape if device == 'cuda' else cpu_shape))} "
                    f"[B, S, H, D], causal; each function wrapped in a timer (inclusive time, which holds the "
                    "cost of the timers inside it: the two whole-call totals below, divided by the timed calls per "
                    f"call, give one timer's cost), {args.rounds} samples of {min(args.calls, TRAIN_CALLS)} calls "
                    "with the GPU kept busy (host issue time alone), mean per call. The backward runs on autograd's "
-                   "device thread; autograd.grad minus _TritonAttention.backward is the engine's own share."],
-            extra={"split": split})
+                   "device thread; autograd.grad minus _TritonAttention.backward is the engine's own share.",
+                   "Direct launches: the same call with the kernel's cached launches calling Triton's C launch "
+                   "function themselves (`_launch.DirectLaunch`, `FLASH_ATTN2_DIRECT_LAUNCH=1`; Triton 3.6 only, "
+                   "elsewhere the two columns time the same path)."],
+            extra={"split": split, "split_direct": direct})
     path = harness.write_results(
         "host_overhead", rows, title="Host time per attention call: our FlashAttention wrapper beside sdpa",
         columns={"shape": "shape", "attention": "attention", "host_us": "host µs/call (median)",

@@ -20,6 +20,12 @@ float); then every
 Under ``TRITON_INTERPRET=1``, with launch hooks installed (profilers), or on a Triton whose
 compiled kernels lack the expected attributes, every call takes Triton's own path.
 
+Direct launches (``FLASH_ATTN2_DIRECT_LAUNCH=1``, off by default until timed on a GPU; see
+:class:`DirectLaunch`): on a Triton whose CUDA launcher has the layout of Triton 3.6's, the cached
+path also skips Triton's Python wrapper around the C launch function, which re-encodes every host
+TMA descriptor on every launch, and hands the C function its final argument list with each
+descriptor's ``CUtensorMap`` encoded once per (address, shape, strides).
+
 Compiling: a cold kernel compiles on its first launch (seconds). :func:`compile_all` compiles
 several specialisations at once on a small thread pool (Triton's compiler releases the GIL for
 most of its work: MLIR passes, LLVM, ptxas), so the backward's three kernels cost the slowest of
@@ -30,6 +36,7 @@ them rather than their sum, and can compile while the forward runs.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import operator
 import os
@@ -199,9 +206,14 @@ class Launcher:
             device = self._get_device()
             entry = self._cache.get(self._key(device, args, constexprs, num_warps, num_stages))
             if entry is not None and not _hooks_active():
-                run, function, metadata, compiled = entry
+                run, function, metadata, compiled, direct = entry
                 if self._check:
                     self._verify(grid, args, constexprs, num_warps, num_stages, compiled)
+                if direct is not None and DIRECT_LAUNCH:
+                    if self._check:
+                        direct.verify(args + constexprs)
+                    direct(grid, self._get_stream(device), function, metadata, args + constexprs)
+                    return
                 run(grid[0], grid[1], grid[2], self._get_stream(device), function, metadata,
                     None, None, None, *args, *constexprs)
                 return
@@ -212,7 +224,8 @@ class Launcher:
         if not self._fast or compiled is None:
             return
         try:
-            entry = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
+            entry = (compiled.run, compiled.function, compiled.packed_metadata, compiled,
+                     DirectLaunch.of(compiled))
         except AttributeError:  # a Triton whose compiled kernels look different: stay on its path
             self._fast = False
             return
@@ -267,6 +280,148 @@ class Launcher:
     def cached(self) -> int:
         """How many compiled specialisations the fast path holds (tests and benchmarks)."""
         return len(self._cache)
+
+
+# Whether the cached path calls Triton's C launch function itself (see DirectLaunch); read per
+# launch, so a benchmark can time both ways in one process.
+DIRECT_LAUNCH = os.environ.get("FLASH_ATTN2_DIRECT_LAUNCH", "0") == "1"
+_TMAP_MEMO_MAX = 1024
+# Triton releases (major, minor) whose CUDA launcher DirectLaunch reproduces, checked against that
+# release's own wrapper (the C function's argument list identical on the Gluon and Triton
+# kernels' launches); later releases changed the C function's arguments.
+DIRECT_TRITON = frozenset({(3, 6)})
+_DIRECT_OK: Optional[bool] = None
+
+
+def _direct_triton() -> bool:
+    global _DIRECT_OK
+    if _DIRECT_OK is None:
+        import triton
+
+        from ._gluon_dispatch import triton_version_tuple
+
+        _DIRECT_OK = triton_version_tuple(triton.__version__) in DIRECT_TRITON
+    return _DIRECT_OK
+
+
+class DirectLaunch:
+    """``DirectLaunch.of(compiled)(grid, stream, function, metadata, args)`` launches ``compiled``
+    as Triton 3.6's ``CudaLauncher.__call__`` would, without its Python layers; ``of`` returns
+    None for a compiled kernel whose launcher is laid out otherwise (then Triton's path runs).
+
+    Why: in a short training step the host issues launches more slowly than the GPU runs them.
+    Triton 3.6 wraps the C launch function in Python that walks every argument and, for each host
+    ``TensorDescriptor``, encodes a ``CUtensorMap`` anew (``make_tensordesc_arg``), then calls it
+    through ``CudaLauncher.__call__``, which builds two scratch closures per launch. Here the
+    argument list is built with slices and each map is encoded once per (slot, address, shape,
+    strides, padding): the map holds nothing else (the slot fixes its element type, box and
+    swizzle), so a cached map is the one Triton would encode. ``verify(args)`` (the launch check
+    mode) compares the list with the one Triton's own expansion gives and raises RuntimeError
+    if they differ.
+    """
+
+    def __init__(self, c_launch, cooperative, pdl, plan, fill, expand_like_triton) -> None:
+        self._launch = c_launch
+        self._head = (cooperative, pdl, None, None)  # no scratch buffers: of() checked
+        self._plan = plan  # per descriptor slot: (position, swizzle, element size, host type, box)
+        self._fill = fill
+        self._triton_expand = expand_like_triton
+        self._maps: dict = {}
+
+    @classmethod
+    def of(cls, compiled: Any) -> Optional["DirectLaunch"]:
+        if not _direct_triton():
+            return None
+        runner = getattr(compiled, "run", None)
+        try:
+            launch = runner.launch
+            cooperative, pdl = runner.launch_cooperative_grid, runner.launch_pdl
+            scratch = runner.global_scratch_size or runner.profile_scratch_size
+            ctas = getattr(runner, "num_ctas", 1)
+        except AttributeError:
+            return None
+        if scratch or ctas != 1 or type(runner).__name__ != "CudaLauncher":
+            return None
+        code = getattr(launch, "__code__", None)
+        if code is None:  # the C function itself: Triton wraps only launches with descriptors
+            return cls(launch, cooperative, pdl, (), None, None) if callable(launch) else None
+        if code.co_name != "inner" or set(code.co_freevars) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+            return None
+        cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in launch.__closure__)))
+        metas, positions = cells["tensordesc_meta"], sorted(cells["tensordesc_indices"])
+        module = importlib.import_module(launch.__module__)
+        to_host = getattr(module, "TMA_DTYPE_DEVICE_TO_HOST", None)
+        make_arg = getattr(module, "make_tensordesc_arg", None)
+        if (to_host is None or make_arg is None or not metas or len(metas) != len(positions)
+                or any(m is None or m.get("fp4_padded") for m in metas)):
+            return None
+        from triton.runtime.driver import driver
+
+        plan = tuple((p, m["swizzle"], m["elem_size"], to_host[m["elem_type"]], m["block_size"])
+                     for p, m in zip(positions, metas))
+
+        def expand_like_triton(args: tuple) -> list:
+            out = []
+            for i, a in enumerate(args):
+                out.extend(make_arg(a, metas[positions.index(i)]) if i in positions else (a,))
+            return out
+
+        return cls(cells["launcher"], cooperative, pdl, plan, driver.active.utils.fill_tma_descriptor,
+                   expand_like_triton)
+
+    def _expand(self, args: tuple, fill: Optional[Callable] = None) -> list:
+        # fill given (verify): every map encoded through it, none cached
+        out: list = []
+        start = 0
+        maps = self._maps if fill is None else None
+        for p, swizzle, size, kind, box in self._plan:
+            out += args[start:p]
+            d = args[p]
+            shape, strides, ptr = d.shape, d.strides, d.base.data_ptr()
+            key = (p, ptr, d.padding, *shape, *strides)
+            tmap = maps.get(key) if maps is not None else None
+            if tmap is None:
+                tmap = (fill or self._fill)(ptr, swizzle, size, kind, box, shape, strides,
+                                            1 if d.padding == "nan" else 0)
+                if maps is not None:
+                    if len(maps) >= _TMAP_MEMO_MAX:
+                        maps.clear()
+                    maps[key] = tmap
+            out.append(tmap)
+            out += shape
+            out += strides
+            start = p + 1
+        out += args[start:]
+        return out
+
+    def __call__(self, grid: Tuple[int, int, int], stream: int, function: int, metadata: Any, args: tuple) -> None:
+        self._launch(grid[0], grid[1], grid[2], stream, function, *self._head, metadata, None, None, None,
+                     *(self._expand(args) if self._plan else args))
+
+    def verify(self, args: tuple) -> None:
+        """Raise RuntimeError unless this launch's argument list is the one Triton's own wrapper
+        would build, each map's encode called with the same inputs (the maps themselves are
+        opaque; both encodes are recorded instead of run)."""
+        if not self._plan:
+            return
+        from triton.runtime.driver import driver
+
+        def record(*inputs):
+            return ("CUtensorMap", inputs)
+
+        ours = self._expand(args, fill=record)
+        utils = driver.active.utils
+        real = utils.fill_tma_descriptor
+        utils.fill_tma_descriptor = record
+        try:
+            theirs = self._triton_expand(args)
+        finally:
+            utils.fill_tma_descriptor = real
+        same = len(ours) == len(theirs) and all(
+            a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+            for a, b in zip(ours, theirs))
+        if not same:
+            raise RuntimeError(f"DirectLaunch: the argument list differs from Triton's: {ours} != {theirs}")
 
 
 _POOL: Optional[ThreadPoolExecutor] = None

@@ -1,0 +1,146 @@
+"""Offline check of ``_launch.DirectLaunch`` against Triton 3.6's own launcher (no GPU needed).
+
+The shipped package's host code builds the launches of a training step (the Gluon forward, the
+delta kernel, the Gluon dK/dV/dQ kernel and the dQ cast; dense, transformers' layout, packed,
+head dims 64/128/256) on CPU tensors; each kernel is compiled for sm90, and its launch is made
+twice with the C launch function and the TMA encode recorded instead of run: once through
+Triton 3.6's ``CudaLauncher.__call__`` and its descriptor wrapper, once through DirectLaunch
+(twice, the second time from its cached maps). Prints, per launch, whether the C function got
+the same argument list; exits 1 if any differs. Needs Triton 3.6 (the release DirectLaunch
+reproduces) and a CPU build of torch::
+
+    PYTHONPATH=. python bench/direct_launch_equivalence.py
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import types
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia import driver as nvd
+from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+sys.path[:0] = [str(ROOT / "tests" / "kernel_repos"), str(ROOT / "tests")]
+from flash_ref import load_flash_attn2  # noqa: E402
+
+
+class _RecordedEncode:
+    """The driver's utilities, the TMA encode recorded: a map is the tuple of its inputs."""
+
+    @staticmethod
+    def fill_tma_descriptor(*inputs):
+        return ("CUtensorMap", inputs)
+
+
+def _compiled(launcher, args, constexprs, warps):
+    """``launcher``'s kernel compiled for sm90 as this launch specialises it: (source, compiled)."""
+    fn = launcher._fn
+    names = list(fn.arg_names)
+    constants = dict(zip(launcher._constexpr_names, constexprs))
+    values = dict(zip([n for n in names if n not in constants], args))
+    constants.update({n: None for n, a in values.items() if a is None})
+    signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
+    source_type = GluonASTSource if type(fn).__name__ == "GluonJITFunction" else ASTSource
+    src = source_type(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs)
+    return src, triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options=dict(num_warps=warps, **launcher._options))
+
+
+def _triton36_launcher(src, compiled, c_launch):
+    """A ``CudaLauncher`` as Triton 3.6 builds it, its compiled C module replaced by ``c_launch``."""
+    runner = object.__new__(nvd.CudaLauncher)
+    meta = compiled.metadata
+    runner.num_ctas = getattr(meta, "num_ctas", 1)
+    runner.launch = nvd.wrap_handle_tensordesc(c_launch, dict(src.signature), getattr(meta, "tensordesc_meta", None))
+    runner.global_scratch_size, runner.global_scratch_align = meta.global_scratch_size, meta.global_scratch_align
+    runner.profile_scratch_size, runner.profile_scratch_align = meta.profile_scratch_size, meta.profile_scratch_align
+    runner.launch_cooperative_grid, runner.launch_pdl = meta.launch_cooperative_grid, meta.launch_pdl
+    return runner
+
+
+def _training_step_launches(mods) -> list:
+    """(case, launch) of the forward and backward host code on CPU tensors, launches recorded."""
+    recorded = []
+    mods["_launch"].Launcher.__call__ = lambda self, grid, args, cx, w, s: recorded.append((self, grid, args, cx, w))
+    mods["_launch"].compile_all = lambda jobs, device=None: []
+    for m in ("_triton_fwd", "_triton_bwd"):
+        mods[m].device_capability = lambda t: (9, 0)
+    mods["_gluon_fwd"]._sm_count = lambda device: 132
+    mods["_gluon_dispatch"]._GLUON_AVAILABLE = True
+    mods["_triton_bwd"].GLUON_BWD = None
+    gf, tb = mods["_gluon_fwd"], mods["_triton_bwd"]
+    torch.manual_seed(0)
+    cases = []
+    for d, causal, layout in ((128, True, "flash"), (128, False, "transformers"), (256, True, "flash"),
+                              (64, False, "flash")):
+        if layout == "flash":
+            q, k, v, do, out = (torch.randn(2, 300, 4, d, dtype=torch.bfloat16) for _ in range(5))
+        else:
+            q, k, v, do, out = (torch.randn(2, 4, 300, d, dtype=torch.bfloat16).transpose(1, 2) for _ in range(5))
+        recorded.clear()
+        gf.gluon_attention_forward(q, k, v, softmax_scale=0.1, causal=causal)
+        if d != 256:  # the Gluon backward's head dims
+            tb.attention_backward(do, q, k, v, out, torch.randn(2, 4, 300), causal=causal, softmax_scale=0.1)
+        cases += [(f"d{d} causal={causal} {layout}", r) for r in recorded]
+    cu = torch.tensor([0, 70, 200, 233], dtype=torch.int32)
+    q, do, out = (torch.randn(233, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(233, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=130)
+    recorded.clear()
+    gf.gluon_attention_forward(q, k, v, softmax_scale=0.1, causal=True, **packed)
+    tb.attention_backward(do, q, k, v, out, torch.randn(4, 233), causal=True, softmax_scale=0.1, max_seqlen_k=130,
+                          **packed)
+    return cases + [("packed d128 causal", r) for r in recorded]
+
+
+def main() -> int:
+    if not triton.__version__.startswith("3.6."):
+        print(f"needs Triton 3.6 (the release DirectLaunch reproduces); this is {triton.__version__}")
+        return 2
+    triton.runtime.driver.set_active(types.SimpleNamespace(utils=_RecordedEncode()))
+    fa = load_flash_attn2()
+    mods = {m: importlib.import_module(f"{fa.__name__}.{m}")
+            for m in ("_launch", "_triton_fwd", "_triton_bwd", "_gluon_fwd", "_gluon_bwd", "_gluon_dispatch")}
+    compiled, same_count = {}, 0
+    cases = _training_step_launches(mods)
+    for case, (launcher, grid, args, constexprs, warps) in cases:
+        key = (id(launcher), tuple(None if a is None else mangle_type(a) for a in args), constexprs)
+        if key not in compiled:
+            compiled[key] = _compiled(launcher, args, constexprs, warps)
+        src, kernel = compiled[key]
+        got = {}
+        # functools.partial: like the C function it stands for, it has no __code__
+        runner = _triton36_launcher(src, kernel, functools.partial(lambda *a: got.__setitem__("triton", list(a))))
+        runner(grid[0], grid[1], grid[2], 7, 11, "packed-metadata", None, None, None, *args, *constexprs)
+        runner.launch = nvd.wrap_handle_tensordesc(functools.partial(lambda *a: got.__setitem__("ours", list(a))),
+                                                   dict(src.signature), getattr(kernel.metadata, "tensordesc_meta", None))
+        direct = mods["_launch"].DirectLaunch.of(types.SimpleNamespace(run=runner))
+        if direct is None:
+            print(f"{case:30s} {launcher._fn.__name__:18s} DirectLaunch refused this launcher")
+            continue
+        direct(grid, 7, 11, "packed-metadata", args + constexprs)
+        direct(grid, 7, 11, "packed-metadata", args + constexprs)  # the second launch: cached maps
+        direct.verify(args + constexprs)
+        ours, theirs = got["ours"], got["triton"]
+        same = len(ours) == len(theirs) and all(
+            a is b or (not isinstance(a, torch.Tensor) and a == b) for a, b in zip(theirs, ours))
+        maps = sum(1 for a in ours if isinstance(a, tuple) and a[:1] == ("CUtensorMap",))
+        print(f"{case:30s} {launcher._fn.__name__:18s} {len(ours):3d} arguments, {maps} maps: "
+              f"{'identical' if same else 'DIFFERENT'}")
+        same_count += same
+    print(f"{same_count}/{len(cases)} launches identical to Triton 3.6's")
+    return 0 if same_count == len(cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
