@@ -9,7 +9,8 @@ transformers layer calls its attention function (``fn(module, q, k, v, mask, sca
 q/k/v ``[B, H, S, D]``):
 
 * ours: ``make_flash_attention`` bound to the shipped kernel (what
-  ``attn_implementation="kernels-community/flash-attn2"`` runs),
+  ``attn_implementation="kernels-community/flash-attn2"`` runs), and the same with the kernel's
+  direct launches on (``_launch.DirectLaunch``; Triton 3.6 only, elsewhere the same path twice),
 * sdpa: kernel_loader's ``sdpa`` backend and, when transformers is installed, transformers' own
   ``sdpa_attention_forward``.
 
@@ -275,7 +276,15 @@ def main() -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    contenders = {"ours (flash wrapper, shipped kernel)": make_flash_attention(harness.shipped_kernel()),
+    shipped = harness.shipped_kernel()
+    ours = make_flash_attention(shipped)
+
+    def ours_direct(*args, **kwargs):
+        with direct_launch(shipped, True):
+            return ours(*args, **kwargs)
+
+    contenders = {"ours (flash wrapper, shipped kernel)": ours,
+                  "ours (flash wrapper, direct launch)": ours_direct,
                   "sdpa (kernel_loader)": ALL_ATTENTION_FUNCTIONS["sdpa"]}
     try:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -298,7 +307,7 @@ def main() -> None:
         sync()
         samples[shape] = host
         rows += _rows(shape, calls, host, "sdpa (kernel_loader)", device)
-    kernel = harness.shipped_kernel()
+    kernel = shipped
     for shape, (gpu_shape, cpu_shape) in TRAIN_SHAPES.items():
         calls = _training_calls(kernel, gpu_shape if device == "cuda" else cpu_shape, device, dtype)
         calls.pop("inputs")
