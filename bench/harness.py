@@ -68,6 +68,7 @@ import argparse
 import datetime as dt
 import importlib.metadata
 import json
+import os
 import platform
 import random
 import shlex
@@ -281,11 +282,14 @@ def _device_name() -> str:
 
 def _command() -> str:
     """This process's command line as typed: ``python -m pkg ...`` for a package run with -m
-    (whose argv[0] is its ``__main__.py``)."""
+    (whose argv[0] is its ``__main__.py``), after the kernel's own switches that are set
+    (``FLASH_ATTN2_*`` variables change what the kernel runs, so a figure is reproduced with them)."""
     argv = list(sys.argv)
     if argv and Path(argv[0]).name == "__main__.py":
         argv[0:1] = ["-m", Path(argv[0]).parent.name]
-    return shlex.join([Path(sys.executable).name] + argv)
+    switches = [f"{name}={shlex.quote(value)}" for name, value in sorted(os.environ.items())
+                if name.startswith("FLASH_ATTN2_")]
+    return " ".join(switches + [shlex.join([Path(sys.executable).name] + argv)])
 
 
 def environment(commit: Optional[str] = None) -> dict[str, Any]:

@@ -57,6 +57,19 @@ def test_write_results_overwrites_one_md_and_one_json(harness, tmp_path):
     assert {"date", "command", "device", "python", "torch", "triton", "transformers", "huggingface_hub"} <= set(data["environment"])
 
 
+def test_the_recorded_command_carries_the_kernels_switches(harness, tmp_path, monkeypatch):
+    """A figure measured with a FLASH_ATTN2_* switch set is reproduced with it: the command says so."""
+    monkeypatch.setenv("FLASH_ATTN2_DIRECT_LAUNCH", "1")
+    monkeypatch.setenv("UNRELATED_SETTING", "x")
+    harness.write_results("toy", [], title="Toy", columns={"a": "a"}, out_dir=tmp_path, commit="abc")
+    command = json.loads((tmp_path / "toy.json").read_text())["environment"]["command"]
+    assert command.startswith("FLASH_ATTN2_DIRECT_LAUNCH=1 ") and "UNRELATED_SETTING" not in command
+    assert "Command: `FLASH_ATTN2_DIRECT_LAUNCH=1 " in (tmp_path / "toy.md").read_text()
+    monkeypatch.delenv("FLASH_ATTN2_DIRECT_LAUNCH")
+    harness.write_results("toy", [], title="Toy", columns={"a": "a"}, out_dir=tmp_path, commit="abc")
+    assert "FLASH_ATTN2" not in json.loads((tmp_path / "toy.json").read_text())["environment"]["command"]
+
+
 def test_shipped_kernel_comes_through_the_public_loader(harness):
     kernel = harness.shipped_kernel()
     assert kernel.__kernel_resolution__.source == "local"
