@@ -133,6 +133,9 @@ def configurations(F, B, D) -> dict:
         "dq_varlen_all": (B._bwd_dq_kernel, {**bwd_base, "IS_VARLEN": True, "HAS_LEFT": True, "HAS_RIGHT": True, "HAS_SOFTCAP": True, "HAS_ALIBI": True, "HAS_DROPOUT": True, "EVEN_D": False, "REVERSE": False, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_D": 64}, {"SeqUsedK"}, 4, 2),
         "delta": (B._delta_kernel, {"IS_VARLEN": True, "BLOCK_M": 64, "BLOCK_D": 128}, set(), 4, 3),
     })
+    if "ZERO_DQA" in B._delta_kernel.arg_names:  # the delta kernel zeroes a dense fused-dQ buffer (newer packages): off
+        fn, consts, nones, w, st = cases["delta"]
+        cases["delta"] = (fn, {**consts, "ZERO_DQA": False}, nones | {"DQA"}, w, st)
     if "DQ_MODE" in B._bwd_dkdv_kernel.arg_names:  # dQ inside dK/dV (newer packages): the default is off
         for name in [n for n in cases if n.startswith("dkdv")]:
             fn, consts, nones, w, st = cases[name]

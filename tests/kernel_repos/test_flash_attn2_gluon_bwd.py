@@ -17,12 +17,14 @@ from collections import Counter
 import pytest
 import torch
 
-from flash_ref import assert_out_and_grads_close, load_flash_attn2, reference, run_compiling_child
+from flash_ref import (assert_out_and_grads_close, load_flash_attn2, poisoned_allocations, reference,
+                       run_compiling_child)
 from launch_record import recording
 
 fa = load_flash_attn2()
 dispatch = importlib.import_module(fa.__name__ + "._gluon_dispatch")
 bwd = importlib.import_module(fa.__name__ + "._triton_bwd")
+launch_mod = importlib.import_module(fa.__name__ + "._launch")
 
 PLAIN = dict(capability=(9, 0), gluon_ok=True, head_dim=128, causal=True, seqlen_k=4096, plain=True, bf16=True,
              deterministic=False)
@@ -145,10 +147,23 @@ def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(varlen, monkeypat
         dv.fill_(2.0)
 
     monkeypatch.setattr(gb, "gluon_dkdv_dq", kernel)
-    with recording(fa, monkeypatch) as recorded:
+    with poisoned_allocations(), recording(fa, monkeypatch) as recorded:
+        record = launch_mod.Launcher.__call__
+
+        def record_and_run_delta(self, grid, args, constexprs, num_warps, num_stages):
+            # the delta kernel runs here (the interpreter), so the buffer the Gluon kernel sees is
+            # what it would see on the GPU: a dense call's buffer is zeroed by this launch alone
+            record(self, grid, args, constexprs, num_warps, num_stages)
+            if self._fn.__name__ == "_delta_kernel":
+                self._fn[grid](*args, *constexprs, num_warps=num_warps)
+
+        monkeypatch.setattr(launch_mod.Launcher, "__call__", record_and_run_delta)
         dq, dk, dv = bwd.attention_backward(do, q, k, v, do, lse, causal=True, softmax_scale=0.25, **kw)
     launched = [l for l in recorded if l.grid is not None]
     assert [l.name for l in launched] == ["_delta_kernel", "_dq_cast_kernel"]
+    # dense: the delta launch takes the buffer and zeroes it (no fill kernel); packed: a fill does
+    delta_zeroes = dict(zip(launched[0].launcher._constexpr_names, launched[0].constexprs))["ZERO_DQA"]
+    assert delta_zeroes == (not varlen)
     cast = launched[1]
     # run here (the recording keeps Launchers from running)
     cast.launcher._fn[cast.grid](*cast.args, *cast.constexprs, num_warps=cast.num_warps)

@@ -38,13 +38,17 @@ from ._triton_tile import (
 
 @triton.jit
 def _delta_kernel(
-    Out, DO, Delta, CuQ,
+    Out, DO, Delta, CuQ, DQA,
     stride_ob, stride_om, stride_oh,
     stride_dob, stride_dom, stride_doh,
     stride_lb, stride_lh, stride_lm,
     seqlen_q_dense, n_heads_q, head_dim,
-    IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ZERO_DQA: tl.constexpr,
 ):
+    """delta = rowsum(O * dO) per query row and head; with ``ZERO_DQA`` (dense calls of the fused
+    dQ modes) also zeroes the rows of the fp32 dQ buffer ``DQA`` (``[batch * heads * seqlen_q,
+    BLOCK_D]``, rows head-major) that this program's query rows own: every row, once, before
+    the kernel that adds into it (same stream)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads_q
@@ -66,6 +70,10 @@ def _delta_kernel(
                  mask=mask, other=0.0).to(tl.float32)
     tl.store(Delta + b64 * stride_lb + h * stride_lh + row * stride_lm, tl.sum(o * do, 1),
              mask=offs_m < seqlen_q)
+    if ZERO_DQA:
+        acc_row = pid_bh.to(tl.int64) * seqlen_q + offs_m
+        tl.store(DQA + acc_row[:, None] * BLOCK_D + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32),
+                 mask=(offs_m < seqlen_q)[:, None])
 
 
 @triton.jit
@@ -520,10 +528,6 @@ def attention_backward(
     # what the Gluon path needs comes first; the Triton kernels' own arguments after its branch
     pre_m = 64 if cap is not None else 16
     so, sdo = _strides3(out, varlen), _strides3(do, varlen)
-    # cu_seqlens_q is None for dense calls: a compile-time constant the launch does not validate
-    delta_launch = (_DELTA, ((sq_max + pre_m - 1) // pre_m, batch * hq, 1),
-                    (out, do, delta, cu_seqlens_q, *so, *sdo, *l3, sq_max, hq, head_dim),
-                    (varlen, pre_m, block_d), 4, 3)  # Triton's defaults, as before the Launcher
     sdq = _strides3(dq, varlen)
     flags = (varlen, seqused_k is not None, left >= 0, right >= 0, softcap > 0,
              alibi_slopes is not None, dropout_p > 0.0, block_d == head_dim)
@@ -531,6 +535,23 @@ def attention_backward(
     # head, token; packed: head, token), so a block of query rows is one contiguous box
     acc_rows_head = q.shape[0] if varlen else sq_max
     acc_rows = (1 if varlen else batch) * hq * acc_rows_head
+
+    def delta_launch(dq_acc):
+        # cu_seqlens_q is None for dense calls: a compile-time constant the launch does not validate.
+        # A dense call's fused-dQ buffer is zeroed here too (new_dq_acc)
+        zero = dq_acc is not None and not varlen
+        return (_DELTA, ((sq_max + pre_m - 1) // pre_m, batch * hq, 1),
+                (out, do, delta, cu_seqlens_q, dq_acc if zero else None, *so, *sdo, *l3, sq_max, hq, head_dim),
+                (varlen, pre_m, block_d, zero), 4, 3)  # Triton's defaults, as before the Launcher
+
+    def new_dq_acc(device):
+        # Why not torch.zeros for dense calls: its fill is one more launch (host time each step),
+        # and the delta kernel, which runs first, writes those rows anyway. Packed buffers keep the
+        # fill: rows past the last sequence (a total longer than cu_seqlens_q[-1]) belong to no
+        # delta program
+        if varlen:
+            return torch.zeros(acc_rows, block_d, dtype=torch.float32, device=device)
+        return torch.empty(acc_rows, block_d, dtype=torch.float32, device=device)
 
     def cast_launch(dq_acc):
         # [.., heads, tokens, block_d] -> dq's [.., tokens, heads, head_dim], scaled and cast
@@ -544,8 +565,8 @@ def attention_backward(
     packed = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=sq_max,
                   max_seqlen_k=sk_max) if varlen else {}
     if gluon and not compile_only:
-        dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device)
-        _run(delta_launch)
+        dq_acc = new_dq_acc(q.device)
+        _run(delta_launch(dq_acc))
         (_GLUON_BWD_MODULE or _load_gluon_bwd()).gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv,
                                                          softmax_scale=softmax_scale, causal=causal, **packed)
         _run(cast_launch(dq_acc))
@@ -583,7 +604,7 @@ def attention_backward(
         else:
             args = dkdv_ptrs + (None,) + dkdv_strides + (0, 0) + dkdv_rest
         plan = [
-            delta_launch,
+            delta_launch(dq_acc),
             (_DKDV_TMA if fused == 2 else _DKDV, ((sk_max + bn_ - 1) // bn_, batch * hk, 1), args,
              flags + (bm_, bn_, block_d, mode in ("keys", "keys-2pass"), mode.endswith("2pass"), wide, fused),
              w_, s_),
@@ -597,7 +618,7 @@ def attention_backward(
 
     def launch(cfg):
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
-        dq_acc = torch.zeros(acc_rows, block_d, dtype=torch.float32, device=q.device) if fused else None
+        dq_acc = new_dq_acc(q.device) if fused else None
         plan = launches(cfg, fused, dq_acc)
         if cap is not None:
             _launch.wait(_launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device))
@@ -608,7 +629,7 @@ def attention_backward(
                    bool(dq_mode(cap, block_d, "keys", deterministic, causal, sk_max)))
     if gluon and compile_only:
         acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta")
-        plan = (delta_launch, cast_launch(acc))
+        plan = (delta_launch(acc), cast_launch(acc))
         return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device) + (
             _GLUON_BWD_MODULE or _load_gluon_bwd()).compile_ahead(q, k, v, do, lse, delta, acc, dk, dv,
                                                           softmax_scale=softmax_scale, causal=causal, **packed)
