@@ -8,7 +8,6 @@ Triton is imported lazily so the package imports on machines without it.
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from typing import Optional, Tuple
@@ -16,6 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _gluon_dispatch, _launch, _torch_impl, _validate
+from ._lazy import module as _module
 
 _WARNED = set()
 _INF = float("inf")
@@ -105,20 +105,6 @@ def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
                                         varlen=varlen)
             and _module("_gluon_fwd").supports(q, k, v))
 
-
-_MODULES: dict = {}
-
-
-def _module(name: str):
-    """This package's module ``name``, imported on first use (the kernel modules import Triton).
-
-    Why not ``from .name import f`` inside the functions that need it: such a statement runs the
-    import machinery on every call, about a microsecond each, several times per training step.
-    Attributes are still read from the module at call time, so patching them works."""
-    module = _MODULES.get(name)
-    if module is None:
-        module = _MODULES[name] = importlib.import_module(f"{__package__}.{name}")
-    return module
 
 
 _attention_forward = None

@@ -459,15 +459,15 @@ def _launcher(varlen: bool) -> Launcher:
 
 
 def _constexprs(launcher: Launcher, kwargs: dict) -> tuple:
-    names = launcher._constexpr_names
-    if names == _PICK_CONSTEXPRS[0]:
-        return _PICK_CONSTEXPRS[1](kwargs)
-    return tuple(kwargs[n] for n in names)
+    # one C-level pick of the values per set of names (a generator over the names cost
+    # microseconds on every training step)
+    pick = _PICKS.get(launcher._constexpr_names)
+    if pick is None:
+        pick = _PICKS[launcher._constexpr_names] = operator.itemgetter(*launcher._constexpr_names)
+    return pick(kwargs)
 
 
-# the kernel's constexpr names and a C-level pick of their values out of _launch_args's keywords
-# (a generator over the names cost microseconds on every training step)
-_PICK_CONSTEXPRS = (_LAUNCHERS[False]._constexpr_names, operator.itemgetter(*_LAUNCHERS[False]._constexpr_names))
+_PICKS: dict = {}
 
 
 _AHEAD: set = set()

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import _configs, _gluon_dispatch, _launch
+from . import _configs, _gluon_dispatch, _launch, _lazy
 from ._launch import Launcher
 from ._triton_fwd import LOG2E, device_capability, fresh_like, next_pow2_dim
 from ._triton_tile import (
@@ -567,8 +567,8 @@ def attention_backward(
     if gluon and not compile_only:
         dq_acc = new_dq_acc(q.device)
         _run(delta_launch(dq_acc))
-        (_GLUON_BWD_MODULE or _load_gluon_bwd()).gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv,
-                                                         softmax_scale=softmax_scale, causal=causal, **packed)
+        _lazy.module("_gluon_bwd").gluon_dkdv_dq(q, k, v, do, lse, delta, dq_acc, dk, dv,
+                                                 softmax_scale=softmax_scale, causal=causal, **packed)
         _run(cast_launch(dq_acc))
         return dq, dk, dv
 
@@ -630,9 +630,9 @@ def attention_backward(
     if gluon and compile_only:
         acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta")
         plan = (delta_launch(acc), cast_launch(acc))
-        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device) + (
-            _GLUON_BWD_MODULE or _load_gluon_bwd()).compile_ahead(q, k, v, do, lse, delta, acc, dk, dv,
-                                                          softmax_scale=softmax_scale, causal=causal, **packed)
+        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device) + \
+            _lazy.module("_gluon_bwd").compile_ahead(q, k, v, do, lse, delta, acc, dk, dv,
+                                                     softmax_scale=softmax_scale, causal=causal, **packed)
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
@@ -663,21 +663,8 @@ def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) 
     if GLUON_BWD is None and not _gluon_dispatch.wants_gluon_backward(
             cap, True, q.shape[-1], causal, keys, plain, q.dtype == torch.bfloat16, deterministic, varlen=varlen):
         return False
-    return (_GLUON_BWD_MODULE or _load_gluon_bwd()).supports(q, k, v, do)
+    return _lazy.module("_gluon_bwd").supports(q, k, v, do)
 
-
-# The Gluon backward's module once imported (it imports Gluon, so not before an sm90 call needs
-# it). Why a global and not ``from ._gluon_bwd import ...`` in the functions: such an import
-# statement runs the import machinery on every training step, about a microsecond each.
-_GLUON_BWD_MODULE = None
-
-
-def _load_gluon_bwd():
-    global _GLUON_BWD_MODULE
-    from . import _gluon_bwd
-
-    _GLUON_BWD_MODULE = _gluon_bwd
-    return _gluon_bwd
 
 
 def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
