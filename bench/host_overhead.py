@@ -131,20 +131,23 @@ def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str,
     clock = time.perf_counter_ns
 
     def timed(label, fn):
+        """``fn`` charging its calls to ``label`` (a string, or a function of the call's first
+        argument that names it)."""
         def wrapper(*args, **kwargs):
             t = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[label] += clock() - t
-                count[label] += 1
+                name = label if isinstance(label, str) else label(args[0])
+                spent[name] += clock() - t
+                count[name] += 1
         return wrapper
 
     undo = []
 
     def patch(owner, name, label, static=False):
         old = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-        fn = old.__func__ if static else old
+        fn = old.__func__ if static else old  # a staticmethod's function; a method's is itself
         new = timed(label, fn)
         setattr(owner, name, staticmethod(new) if static else new)
         undo.append((owner, name, old))
@@ -159,19 +162,12 @@ def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str,
             owner = getattr(owner, part)
         patch(owner, name, label.strip(), static=isinstance(owner, type))
     launch_mod = importlib.import_module(f"{pkg}._launch")
-    old_call = launch_mod.Launcher.__call__
 
-    def launcher_call(self, *args, **kwargs):
-        fn = getattr(self._fn, "fn", self._fn)
-        label = f"Launcher: {getattr(fn, '__name__', repr(fn))}"
-        t = clock()
-        try:
-            return old_call(self, *args, **kwargs)
-        finally:
-            spent[label] += clock() - t
-            count[label] += 1
-    launch_mod.Launcher.__call__ = launcher_call
-    undo.append((launch_mod.Launcher, "__call__", old_call))
+    def kernel_name(launcher):
+        fn = getattr(launcher._fn, "fn", launcher._fn)
+        return f"Launcher: {getattr(fn, '__name__', repr(fn))}"
+
+    patch(launch_mod.Launcher, "__call__", kernel_name)
     try:
         from triton.backends.nvidia import driver as nv_driver
 
