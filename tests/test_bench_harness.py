@@ -70,6 +70,19 @@ def test_the_recorded_command_carries_the_kernels_switches(harness, tmp_path, mo
     assert "FLASH_ATTN2" not in json.loads((tmp_path / "toy.json").read_text())["environment"]["command"]
 
 
+def test_host_path_cpu_times_the_package_beside_another_copy(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(HARNESS.parent.parent)
+    package = HARNESS.parent.parent / "kernel_repos/kernels-community/flash-attn2/build/torch-universal/flash_attn2"
+    result = subprocess.run([sys.executable, str(HARNESS.parent / "host_path_cpu.py"), str(package), "--rounds", "2",
+                             "--calls", "5", "--out", str(tmp_path), "--commit", "test"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "host_path_cpu.json").read_text())["rows"]
+    assert [r["part"].split()[0] for r in rows] == ["forward", "Gluon", "backward"]
+    assert all(r["new_us"] > 0 and r["old_us"] > 0 for r in rows)
+
+
 def test_shipped_kernel_comes_through_the_public_loader(harness):
     kernel = harness.shipped_kernel()
     assert kernel.__kernel_resolution__.source == "local"
