@@ -4,15 +4,15 @@
 # and without a prepared compile cache, the host time per call, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
 # STEPS picks a subset (default: all; the limits in seconds keep a run inside a time budget).
 #
-#   COMMIT=<sha> [STEPS="warm check direct attention varlen decode tests compile host e2e"] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
+#   COMMIT=<sha> [STEPS="warm check launchcheck attention varlen decode tests compile host e2e"] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
 #
-# direct: the same check with the direct launches on (FLASH_ATTN2_DIRECT_LAUNCH=1) and every cached launch
-# cross-checked against Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), into OUT/direct_launch.
+# launchcheck: the same check with every cached launch cross-checked against Triton's own choice of kernel
+# and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), into OUT/launch_check.
 set -uo pipefail
 OUT=$1
 BASE=${2:-}
 RES=$OUT
-STEPS=${STEPS:-warm check direct attention varlen decode tests compile host e2e}
+STEPS=${STEPS:-warm check launchcheck attention varlen decode tests compile host e2e}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$(mktemp -d)
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit" "$@" || echo "=== FAILED ($?): $*"; }
@@ -20,7 +20,7 @@ step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit"
 # scripts then load them from the cache instead of compiling one at a time.
 want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
 want check && step 120 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
-want direct && step 120 env FLASH_ATTN2_DIRECT_LAUNCH=1 FLASH_ATTN2_LAUNCH_CHECK=1 python3 bench/check_gpu.py --out "$RES/direct_launch" --commit "${COMMIT:-unknown}"
+want launchcheck && step 120 env FLASH_ATTN2_LAUNCH_CHECK=1 python3 bench/check_gpu.py --out "$RES/launch_check" --commit "${COMMIT:-unknown}"
 want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want varlen && step 90 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}

@@ -9,8 +9,9 @@ transformers layer calls its attention function (``fn(module, q, k, v, mask, sca
 q/k/v ``[B, H, S, D]``):
 
 * ours: ``make_flash_attention`` bound to the shipped kernel (what
-  ``attn_implementation="kernels-community/flash-attn2"`` runs), and the same with the kernel's
-  direct launches on (``_launch.DirectLaunch``; Triton 3.6 only, elsewhere the same path twice),
+  ``attn_implementation="kernels-community/flash-attn2"`` runs; under Triton 3.6 its cached
+  launches call Triton's C launch function themselves, ``_launch.DirectLaunch``), and the same
+  through Triton's own launcher (``FLASH_ATTN2_DIRECT_LAUNCH=0``; elsewhere the same path twice),
 * sdpa: kernel_loader's ``sdpa`` backend and, when transformers is installed, transformers' own
   ``sdpa_attention_forward``.
 
@@ -33,7 +34,6 @@ the package's functions, Triton's launcher, its TMA descriptor encoding and torc
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import statistics
 
@@ -67,33 +67,30 @@ def _training_calls(kernel, shape: tuple, device: str, dtype) -> dict:
     def ours():
         return torch.autograd.grad(kernel.flash_attn_func(q, k, v, causal=True), (q, k, v), do)
 
-    def ours_direct():
-        with direct_launch(kernel, True):
-            return ours()
-
     def sdpa():
         with sdpa_kernel(backends):
             out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         return torch.autograd.grad(out, (qt, kt, vt), dot)
 
-    return {"ours (flash_attn_func)": ours, DIRECT: ours_direct,
+    return {OURS: launches(kernel, ours, direct=True), TRITON_LAUNCHER: launches(kernel, ours, direct=False),
             "sdpa (cuDNN)" if device == "cuda" else "sdpa (math)": sdpa, "inputs": (q, k, v, do)}
 
 
-DIRECT = "ours (flash_attn_func, direct launch)"
+OURS = "ours (flash_attn_func)"
+TRITON_LAUNCHER = "ours (flash_attn_func, Triton's launcher)"
 
 
-@contextlib.contextmanager
-def direct_launch(kernel, on: bool):
-    """The kernel's cached launches call Triton's C launch function themselves (``_launch.DirectLaunch``,
-    Triton 3.6 only; elsewhere this changes nothing) inside the block, or not."""
+def launches(kernel, fn, *, direct: bool):
+    """``fn`` with the kernel's cached launches calling Triton's C launch function themselves
+    (``direct``: the default, ``_launch.DirectLaunch``; Triton 3.6 only, elsewhere both ways are
+    the same path) or going through Triton's launcher. Both set the switch on every call, so
+    the two pay the same for it."""
     launch = importlib.import_module(f"{kernel.__name__}._launch")
-    was = launch.DIRECT_LAUNCH
-    launch.DIRECT_LAUNCH = on
-    try:
-        yield
-    finally:
-        launch.DIRECT_LAUNCH = was
+
+    def call(*args, **kwargs):
+        launch.DIRECT_LAUNCH = direct
+        return fn(*args, **kwargs)
+    return call
 
 
 # Where one training call's host time goes: the package's own functions, Triton's launcher and
@@ -114,17 +111,18 @@ PHASES = (  # (label, module of the kernel package or None for Triton/torch, att
 )
 
 
-def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str, dtype, direct: bool = False) -> dict:
+def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str, dtype, direct: bool = True) -> dict:
     """label -> mean host µs per forward+backward call of ours (on a GPU, kept busy), plus the
     same call's total without the timers and SDPA's (cuDNN on a GPU) total beside it; ``direct``:
-    with the kernel's direct launches (:func:`direct_launch`)."""
+    with the kernel's direct launches (the default, :func:`launches`), or through Triton's launcher."""
     import time
     from collections import defaultdict
 
     import torch
 
     training = _training_calls(kernel, shape, device, dtype)
-    ours, sdpa = training[DIRECT if direct else "ours (flash_attn_func)"], training[
+    launch = importlib.import_module(f"{kernel.__name__}._launch")
+    ours, sdpa = training[OURS if direct else TRITON_LAUNCHER], training[
         next(name for name in training if name.startswith("sdpa"))]
     spent: dict = defaultdict(int)
     count: dict = defaultdict(int)
@@ -181,8 +179,8 @@ def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str,
     def outer_ours():
         fa = timed("flash_attn_func", kernel.flash_attn_func)
         q, k, v, do = training["inputs"]
-        with direct_launch(kernel, direct):
-            return timed("autograd.grad", torch.autograd.grad)(fa(q, k, v, causal=True), (q, k, v), do)
+        launch.DIRECT_LAUNCH = direct
+        return timed("autograd.grad", torch.autograd.grad)(fa(q, k, v, causal=True), (q, k, v), do)
 
     gpu = device == "cuda"
 
@@ -275,12 +273,8 @@ def main() -> None:
     shipped = harness.shipped_kernel()
     ours = make_flash_attention(shipped)
 
-    def ours_direct(*args, **kwargs):
-        with direct_launch(shipped, True):
-            return ours(*args, **kwargs)
-
-    contenders = {"ours (flash wrapper, shipped kernel)": ours,
-                  "ours (flash wrapper, direct launch)": ours_direct,
+    contenders = {"ours (flash wrapper, shipped kernel)": launches(shipped, ours, direct=True),
+                  "ours (flash wrapper, Triton's launcher)": launches(shipped, ours, direct=False),
                   "sdpa (kernel_loader)": ALL_ATTENTION_FUNCTIONS["sdpa"]}
     try:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -312,7 +306,7 @@ def main() -> None:
             # the GPU stays busy while the sample issues its calls: host time alone is measured
             sync()
             if device == "cuda":
-                torch.cuda._sleep(20_000_000)
+                torch.cuda._sleep(100_000_000)  # longer than a sample takes the host to issue
         host = harness.paired(calls, rounds=args.rounds, calls=min(args.calls, TRAIN_CALLS), device="cpu",
                               before=busy)
         sync()
@@ -329,23 +323,24 @@ def main() -> None:
     if args.phases:
         (gpu_shape, cpu_shape), = TRAIN_SHAPES.values()
         shape = gpu_shape if device == "cuda" else cpu_shape
-        split, direct = (_phase_breakdown(kernel, shape, min(args.calls, TRAIN_CALLS), args.rounds, device, dtype, d)
-                         for d in (False, True))
+        split, triton_launcher = (_phase_breakdown(kernel, shape, min(args.calls, TRAIN_CALLS), args.rounds, device,
+                                                   dtype, d) for d in (True, False))
         named = [label for label, _m, _p in PHASES]
-        named += sorted({*split["phases_us"], *direct["phases_us"]} - {x.strip() for x in named})
+        named += sorted({*split["phases_us"], *triton_launcher["phases_us"]} - {x.strip() for x in named})
         phase_rows = [{"phase": label, "host_us": split["phases_us"].get(label.strip()),
                        "calls": split["calls_per_fwdbwd"].get(label.strip()),
-                       "direct_us": direct["phases_us"].get(label.strip())} for label in named]
+                       "triton_us": triton_launcher["phases_us"].get(label.strip())} for label in named]
         phase_rows += [{"phase": "whole call, timers on", "host_us": split["total_with_timers_us"],
-                        "direct_us": direct["total_with_timers_us"]},
-                       {"phase": "whole call, timers off", "host_us": split["total_us"], "direct_us": direct["total_us"]},
+                        "triton_us": triton_launcher["total_with_timers_us"]},
+                       {"phase": "whole call, timers off", "host_us": split["total_us"],
+                        "triton_us": triton_launcher["total_us"]},
                        {"phase": f"SDPA's whole call ({'cuDNN' if device == 'cuda' else 'math'}, same data)",
-                        "host_us": split["sdpa_total_us"], "direct_us": direct["sdpa_total_us"]}]
+                        "host_us": split["sdpa_total_us"], "triton_us": triton_launcher["sdpa_total_us"]}]
         harness.write_results(
             "host_overhead_phases", phase_rows,
             title="Host time of one forward+backward call of ours, by function (the training row's shape)",
             columns={"phase": "function (indented: called inside the one above)", "host_us": "µs per call",
-                     "calls": "calls per forward+backward", "direct_us": "µs per call, direct launches"},
+                     "calls": "calls per forward+backward", "triton_us": "µs per call, Triton's launcher"},
             out_dir=args.out, commit=args.commit,
             notes=[f"{str(dtype).removeprefix('torch.')}, {'x'.join(map(str, gpu_shape if device == 'cuda' else cpu_shape))} "
                    f"[B, S, H, D], causal; each function wrapped in a timer (inclusive time, which holds the "
@@ -353,10 +348,10 @@ def main() -> None:
                    f"call, give one timer's cost), {args.rounds} samples of {min(args.calls, TRAIN_CALLS)} calls "
                    "with the GPU kept busy (host issue time alone), mean per call. The backward runs on autograd's "
                    "device thread; autograd.grad minus _TritonAttention.backward is the engine's own share.",
-                   "Direct launches: the same call with the kernel's cached launches calling Triton's C launch "
-                   "function themselves (`_launch.DirectLaunch`, `FLASH_ATTN2_DIRECT_LAUNCH=1`; Triton 3.6 only, "
-                   "elsewhere the two columns time the same path)."],
-            extra={"split": split, "split_direct": direct})
+                   "µs per call: as shipped, the kernel's cached launches calling Triton's C launch function "
+                   "themselves (`_launch.DirectLaunch`); Triton's launcher: the same call with "
+                   "`FLASH_ATTN2_DIRECT_LAUNCH=0` (Triton 3.6 only; elsewhere the two columns time the same path)."],
+            extra={"split": split, "split_triton_launcher": triton_launcher})
     path = harness.write_results(
         "host_overhead", rows, title="Host time per attention call: our FlashAttention wrapper beside sdpa",
         columns={"shape": "shape", "attention": "attention", "host_us": "host µs/call (median)",

@@ -102,7 +102,7 @@ def test_host_overhead_runs_and_writes_its_results(tmp_path):
     assert all(r["host_us"] > 0 for r in rows)
     # the forward+backward rows, paired against SDPA, and where our call spends its host time
     training = [r for r in rows if r["shape"].startswith("forward+backward")]
-    assert {r["attention"] for r in training} == {"ours (flash_attn_func)", "ours (flash_attn_func, direct launch)",
+    assert {r["attention"] for r in training} == {"ours (flash_attn_func)", "ours (flash_attn_func, Triton's launcher)",
                                                   "sdpa (math)"}
     assert "flash_attn_func" in (tmp_path / "host_overhead_profile.txt").read_text()
 

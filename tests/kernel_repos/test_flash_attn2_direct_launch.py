@@ -12,7 +12,10 @@ lists were compared without a GPU, the C function and the encode recorded (bench
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -203,7 +206,7 @@ class _FakeJit:
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_the_cached_path_takes_the_direct_launch_only_when_asked(triton36, monkeypatch, direct):
+def test_the_cached_path_takes_the_direct_launch_when_the_switch_is_on(triton36, monkeypatch, direct):
     monkeypatch.setattr(launch, "DIRECT_LAUNCH", direct)
     c_launch = CLaunch()
     jit = _FakeJit(c_launch)
@@ -220,3 +223,17 @@ def test_the_cached_path_takes_the_direct_launch_only_when_asked(triton36, monke
                                                   None, None, None, x, 48, 16]]
     else:  # through Triton's launcher object
         assert c_launch.calls == [] and seen == [(3, 1, 1, 1234, "function", "metadata", None, None, None, x, 48, 16)]
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False)])
+def test_direct_launches_are_on_unless_the_environment_turns_them_off(value, on):
+    # read once at import: a fresh process shows the default a user gets
+    env = {k: v for k, v in os.environ.items() if k != "FLASH_ATTN2_DIRECT_LAUNCH"}
+    if value is not None:
+        env["FLASH_ATTN2_DIRECT_LAUNCH"] = value
+    package = Path(importlib.import_module(fa.__name__).__file__).parent
+    env["PYTHONPATH"] = os.pathsep.join([str(package.parent), env.get("PYTHONPATH", "")])
+    probe = f"import importlib; print(importlib.import_module('{package.name}._launch').DIRECT_LAUNCH)"
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == str(on)

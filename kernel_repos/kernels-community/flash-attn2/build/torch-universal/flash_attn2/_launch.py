@@ -20,11 +20,12 @@ float); then every
 Under ``TRITON_INTERPRET=1``, with launch hooks installed (profilers), or on a Triton whose
 compiled kernels lack the expected attributes, every call takes Triton's own path.
 
-Direct launches (``FLASH_ATTN2_DIRECT_LAUNCH=1``, off by default until timed on a GPU; see
+Direct launches (on by default; ``FLASH_ATTN2_DIRECT_LAUNCH=0`` turns them off; see
 :class:`DirectLaunch`): on a Triton whose CUDA launcher has the layout of Triton 3.6's, the cached
 path also skips Triton's Python wrapper around the C launch function, which re-encodes every host
 TMA descriptor on every launch, and hands the C function its final argument list with each
-descriptor's ``CUtensorMap`` encoded once per (address, shape, strides).
+descriptor's ``CUtensorMap`` encoded once per (address, shape, strides). On other Triton
+releases the cached path calls Triton's launcher as before.
 
 Compiling: a cold kernel compiles on its first launch (seconds). :func:`compile_all` compiles
 several specialisations at once on a small thread pool (Triton's compiler releases the GIL for
@@ -283,8 +284,10 @@ class Launcher:
 
 
 # Whether the cached path calls Triton's C launch function itself (see DirectLaunch); read per
-# launch, so a benchmark can time both ways in one process.
-DIRECT_LAUNCH = os.environ.get("FLASH_ATTN2_DIRECT_LAUNCH", "0") == "1"
+# launch, so a benchmark can time both ways in one process. On by default: on the H200 it took
+# 115-180 us of host time off a forward+backward call (bench/results/host_overhead.md), and the
+# GPU check runs every launch through DirectLaunch.verify.
+DIRECT_LAUNCH = os.environ.get("FLASH_ATTN2_DIRECT_LAUNCH", "1") != "0"
 _TMAP_MEMO_MAX = 1024
 # Triton releases (major, minor) whose CUDA launcher DirectLaunch reproduces, checked against that
 # release's own wrapper (the C function's argument list identical on the Gluon and Triton
