@@ -34,9 +34,10 @@ TOKENS = 16384
 # default; "gluon_n64": 64-key blocks, what short causal calls take, _gluon_fwd.call_tile)
 KERNELS = {d: {"gluon": {}, "gluon_per_tile": dict(persistent=False)} for d in HEAD_DIMS}
 KERNELS[128].update(gluon_n128=dict(tile=(128, 2)), gluon_n64=dict(tile=(64, 4)))
-# head_dim 64: 256-key blocks (half the per-block softmax bookkeeping per key) and the 128-key
-# block with a shallower ring, beside the shipped (128, 4)
-KERNELS[64].update(gluon_n256=dict(tile=(256, 2)), gluon_n128s2=dict(tile=(128, 2)))
+# head_dim 64: three consumer warpgroups (192 query rows a program, FlashAttention-3's head_dim 64
+# tile) with 128- and 64-key blocks, beside the shipped two (gluon_fwd_d64_tiles.md has the
+# 256-key and 2-stage tiles with two)
+KERNELS[64].update(gluon_c3=dict(consumers=3), gluon_c3n64=dict(consumers=3, tile=(64, 4)))
 
 
 def fwd_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:

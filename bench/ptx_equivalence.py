@@ -95,6 +95,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
                   VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
     if "PERSISTENT" in fn.arg_names:  # packages whose dense forward walks its tiles persistently
         consts.update(QBUF=gf.q_buffers(head_dim, block_n, stages), PERSISTENT=True)
+    if "CONSUMERS" in fn.arg_names:  # packages whose forward takes 2 or 3 consumer warpgroups
+        consts.update(CONSUMERS=2)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

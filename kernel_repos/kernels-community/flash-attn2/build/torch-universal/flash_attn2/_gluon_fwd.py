@@ -17,7 +17,9 @@ dtypes) stays on the Triton kernel.
 Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3's design):
 
 * Three partitions (``gl.warp_specialize``): one producer warp issues every bulk copy, and two
-  consumer warpgroups, each its own partition, own 64 of the tile's 128 query rows. They hand
+  consumer warpgroups, each its own partition, own 64 of the tile's 128 query rows (a variant
+  with three consumers and 192-row tiles, ``consumers=3``, is FlashAttention-3's head_dim 64
+  shape; :data:`CONSUMERS` says where it runs). They hand
   K/V ring slots back and forth through "ready" and "empty" mbarriers (an empty slot needs one
   arrival from each consumer). No CTA-wide barrier is left in the loop, so one consumer's
   softmax runs while the other's matmuls keep the tensor cores busy, and the register file is
@@ -105,6 +107,10 @@ PERSISTENT = True
 # warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
 # default partition (the first consumer) gets what maxnreg leaves, 240
 REGS = (240, 24, 168)
+# the same with three consumers: 4 + 4 + 4 + 1 warps as 24 x 128 + 160 x 256 + 168 x 128 <= 128 x 512
+REGS_3 = (160, 24, 128)
+# head_dim -> consumer warpgroups (64 query rows each) per program; 2 where not listed
+CONSUMERS: dict = {}
 
 
 @gluon.jit
@@ -191,16 +197,17 @@ def _key_blocks(off_m, seqlen_q, seqlen_k, TILE_M: gl.constexpr, BLOCK_N: gl.con
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
               seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k, CAUSAL: gl.constexpr,
-              VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr):
+              VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
+              CONSUMERS: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     c = 0  # key blocks this program has streamed: the ring's position
     for i in range(my_n):
         off_m, tb, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
-                                                     CAUSAL, VARLEN, PERSISTENT, 2 * ROWS)
+                                                     CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
         hk = h // group
-        n_end = _key_blocks(off_m, sq, sk, 2 * ROWS, BLOCK_N, CAUSAL)
+        n_end = _key_blocks(off_m, sq, sk, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
         # K_0 first: its ring slot frees before this tile's Q buffer does (one Q buffer: only
         # once the previous tile's output, which leaves through it, has been read)
         slot = c % STAGES
@@ -208,8 +215,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
         mbarrier.wait(k_empty.index(slot), ((c // STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
         _tma_load(k_desc, [tb, k_row0, hk, 0], k_ready.index(slot), k_smem.index(slot).reshape([1, BLOCK_N, 1, HEAD_DIM]))
-        qb = (i % QBUF) * 2
-        for w in gl.static_range(2):
+        qb = (i % QBUF) * CONSUMERS
+        for w in gl.static_range(CONSUMERS):
             mbarrier.wait(q_empty.index(qb + w), ((i // QBUF) & 1) ^ 1)
             mbarrier.expect(q_ready.index(qb + w), q_desc.block_type.nbytes)
             _tma_load(q_desc, [tb, q_row0 + off_m + w * ROWS, h, 0], q_ready.index(qb + w),
@@ -266,7 +273,8 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m
 def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr, stride_on,
               stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n, cu_seqlens_q,
               cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-              STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr):
+              STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
+              CONSUMERS: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -279,8 +287,8 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
     c = 0  # key blocks this program has consumed: the ring's position
     for i in range(my_n):
         off_m, b, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
-                                                    CAUSAL, VARLEN, PERSISTENT, 2 * ROWS)
-        n_end = _key_blocks(off_m, sq, sk, 2 * ROWS, BLOCK_N, CAUSAL)
+                                                    CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
+        n_end = _key_blocks(off_m, sq, sk, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
         row0 = off_m + W * ROWS
         diag = sk - sq
         # this warpgroup's own ranges: [0, n_full) unmasked, [n_full, my_end) masked; the
@@ -293,7 +301,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
             hi = sk
             n_full = sk // BLOCK_N
         my_end = gl.minimum(gl.maximum((hi + BLOCK_N - 1) // BLOCK_N, 1), n_end)
-        qi = (i % QBUF) * 2 + W
+        qi = (i % QBUF) * CONSUMERS + W
         q = q_smem.index(qi)
         mbarrier.wait(q_ready.index(qi), (i // QBUF) & 1)
 
@@ -356,7 +364,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, heads, group, n_m, n_tiles, qk_scale,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
-                    PERSISTENT: gl.constexpr):
+                    PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -374,53 +382,74 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
         my_n = 1
     if VARLEN:
         b = gl.program_id(1) // heads
-        live = gl.program_id(0) * (2 * ROWS) < gl.load(cu_seqlens_q + b + 1) - gl.load(cu_seqlens_q + b)
+        live = gl.program_id(0) * (CONSUMERS * ROWS) < gl.load(cu_seqlens_q + b + 1) - gl.load(cu_seqlens_q + b)
     else:
         # every dense program has rows: no test at all, so a dense call's code stays the one
         # measured (a runtime test around the partitions measured slower at d=128, bench/NOTES.md)
         live = True
 
-    q_smem = gl.allocate_shared_memory(dtype, [2 * QBUF, ROWS, HEAD_DIM], tile_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS * QBUF, ROWS, HEAD_DIM], tile_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2 * QBUF, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2 * QBUF, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS * QBUF, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS * QBUF, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(2 * QBUF):
+    for w in gl.static_range(CONSUMERS * QBUF):
         mbarrier.init(q_ready.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
     fence_async_shared()
 
     if live:
-        gl.warp_specialize([
-            (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
-                         stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n,
-                         cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN, PERSISTENT,
-                         QBUF)),
-            (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr,
-                         stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n,
-                         cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN, PERSISTENT,
-                         QBUF)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
-                         v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k, CAUSAL,
-                         VARLEN, PERSISTENT, STAGES, QBUF)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        if CONSUMERS == 3:
+            # three 64-row consumers (FlashAttention-3's head_dim 64 tile): each K/V block serves
+            # 192 query rows, and a third warpgroup's matmuls cover the other two's softmax
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
+                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             PERSISTENT, QBUF, CONSUMERS)),
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
+                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             PERSISTENT, QBUF, CONSUMERS)),
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
+                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             PERSISTENT, QBUF, CONSUMERS)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                             v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
+                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
+                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             PERSISTENT, QBUF, CONSUMERS)),
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
+                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             PERSISTENT, QBUF, CONSUMERS)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
+                             v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
+                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def q_buffers(head_dim: int, block_n: int, stages: int) -> int:
-    """How many sets of Q buffers (two 64-row halves each) fit beside the K/V ring: two let the
-    producer load a persistent program's next tile while this one's output still leaves
-    through its own; one at head_dim 256."""
+def q_buffers(head_dim: int, block_n: int, stages: int, consumers: int = 2) -> int:
+    """How many sets of Q buffers (one 64-row part per consumer each) fit beside the K/V ring:
+    two let the producer load a persistent program's next tile while this one's output still
+    leaves through its own; one at head_dim 256."""
     ring = stages * 2 * block_n * head_dim * 2
-    return 2 if ring + 2 * 2 * ROWS * head_dim * 2 <= SHARED_BYTES else 1
+    return 2 if ring + 2 * consumers * ROWS * head_dim * 2 <= SHARED_BYTES else 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -531,14 +560,16 @@ def gluon_attention_forward(
     cu_seqlens_k: Optional[torch.Tensor] = None,
     max_seqlen_q: Optional[int] = None,
     persistent: Optional[bool] = None,
+    consumers: Optional[int] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
     Packed sequences: q ``[total_q, H, D]``, k/v ``[total_k, Hk, D]`` with int32 ``cu_seqlens_q``
     / ``cu_seqlens_k`` and ``max_seqlen_q``; out like q, lse ``[H, total_q]`` (``_triton_fwd``'s
     varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :func:`call_tile` and ``persistent``
-    :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile). Raises what
-    Triton raises on compile errors.
+    :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile), ``consumers``
+    (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`. Raises what Triton raises on
+    compile errors.
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
@@ -560,7 +591,9 @@ def gluon_attention_forward(
     block_n, stages = tile or call_tile(head_dim, causal, max(seqlen_q, seqlen_k), varlen)
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    n_m = (seqlen_q + 2 * ROWS - 1) // (2 * ROWS)  # not triton.cdiv: a jit-wrapped helper, µs a call
+    consumers = consumers or CONSUMERS.get(head_dim, 2)
+    tile_m = consumers * ROWS
+    n_m = (seqlen_q + tile_m - 1) // tile_m  # not triton.cdiv: a jit-wrapped helper, µs a call
     persistent = (PERSISTENT if persistent is None else persistent) and not varlen
     if persistent:
         n_tiles = n_m * batch * heads
@@ -576,13 +609,15 @@ def gluon_attention_forward(
         *lse_strides, cu_seqlens_q, cu_seqlens_k if varlen else None,
         seqlen_q, seqlen_k, heads, heads // heads_k, n_m, n_tiles, float(softmax_scale) * LOG2E,
     )
-    constexprs = (bool(causal), store_lse, stages, q_buffers(head_dim, block_n, stages), REGS[0], REGS[1], varlen,
-                  persistent)
-    (_LAUNCH_PACKED if varlen else _LAUNCH_DENSE)((*grid, 1), args, constexprs, 4, 1)
+    regs = REGS if consumers == 2 else REGS_3
+    constexprs = (bool(causal), store_lse, stages, q_buffers(head_dim, block_n, stages, consumers), regs[0], regs[1],
+                  varlen, persistent, consumers)
+    _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
 
-# the launches through _launch's cached path (a dense call's argument slots hold None where a
-# packed one's hold the output's pointer and strides: one Launcher each)
-_LAUNCH_DENSE = Launcher(_gluon_attn_fwd, maxnreg=REGS[2])
-_LAUNCH_PACKED = Launcher(_gluon_attn_fwd, maxnreg=REGS[2])
+# the launches through _launch's cached path, one Launcher per (packed, consumers): a dense
+# call's argument slots hold None where a packed one's hold the output's pointer and strides,
+# and the register split (maxnreg) differs with the number of consumers
+_LAUNCHERS = {(varlen, n): Launcher(_gluon_attn_fwd, maxnreg=(REGS if n == 2 else REGS_3)[2])
+              for varlen in (False, True) for n in (2, 3)}
