@@ -173,3 +173,24 @@ def test_a_compile_error_surfaces_where_the_launch_waits():
     futures = launch.compile_all([(launch.Launcher(Broken()), (torch.zeros(4), 16), (16,), 4, 2)])
     with pytest.raises(RuntimeError, match="out of shared memory"):
         launch.wait(futures)
+
+
+def test_the_compiler_hash_is_computed_once_on_the_calling_thread_before_the_pool_starts(fake_driver, monkeypatch):
+    # Triton caches that hash without a lock: compile threads started together would each read
+    # libtriton again, contending with the forward's compile on the calling thread
+    import triton.runtime.cache as cache
+
+    calls = []
+    monkeypatch.setattr(cache, "triton_key", lambda: calls.append(threading.current_thread().name) or "key")
+    monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
+
+    class Records(_FakeJit):
+        def warmup(self, *args, grid, **kwargs):
+            calls.append("compile")
+            return super().warmup(*args, grid=grid, **kwargs)
+
+    launcher = launch.Launcher(Records())
+    x = torch.zeros(8)
+    launch.wait(launch.compile_all([(launcher, (x, 32), (16,), 4, 2), (launcher, (x, 33), (64,), 4, 2)]))
+    launch.wait(launch.compile_all([(launcher, (x, 1), (16,), 4, 2)]))
+    assert calls[0] == threading.current_thread().name and calls[1:] == ["compile"] * 3

@@ -408,6 +408,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
     fence_async_shared()
 
     if live:
+        # the partition lists are spelled out: warp_specialize takes a list literal of
+        # (function, argument tuple) pairs, which a jit function cannot build in a loop
         if CONSUMERS == 3:
             # three 64-row consumers (FlashAttention-3's head_dim 64 tile): each K/V block serves
             # 192 query rows, and a third warpgroup's matmuls cover the other two's softmax

@@ -441,6 +441,27 @@ def _pool() -> ThreadPoolExecutor:
 
 Job = Tuple[Launcher, tuple, tuple, int, int]  # (launcher, args, constexprs, num_warps, num_stages)
 
+_COMPILER_HASHED = False
+
+
+def _hash_compiler_once() -> None:
+    """Compute Triton's hash of its own compiler (``triton.runtime.cache.triton_key``: it reads
+    the whole libtriton library, about 0.3 s) on the calling thread before compile threads start.
+
+    Why: every compile's cache key holds that hash, and Triton caches it without a lock, so
+    threads that compile at once each compute it again, in 1 MB reads that take and release the
+    GIL while the forward compiles on the calling thread. Raises nothing (a Triton without that
+    function: each compile hashes as it always does)."""
+    global _COMPILER_HASHED
+    if _COMPILER_HASHED:
+        return
+    _COMPILER_HASHED = True
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return
+    triton_key()
+
 
 def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
     """Start compiling the kernels of ``jobs`` that are not compiled yet, each on a thread of the
@@ -455,6 +476,7 @@ def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
     todo = [job for job in jobs if not job[0].ready(*job[1:])]
     if not todo:
         return []
+    _hash_compiler_once()
 
     def one(job: Job) -> None:
         cuda = device is not None and torch.device(device).type == "cuda"
