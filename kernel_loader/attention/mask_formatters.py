@@ -222,9 +222,10 @@ def flash_attention_mask(
             message names the first differing cell and the backends that can apply the pattern
             (transformers silently drops the pattern in that case).
     """
-    padding = _pad_padding_mask(attention_mask, kv_length, kv_offset)
     unrecognised = _unrecognised(mask_function)
     if unrecognised:
+        # only a pattern to check needs the padded mask (a cast, and a pad, on every forward)
+        padding = _pad_padding_mask(attention_mask, kv_length, kv_offset)
         causal_default = bool(getattr(config, "is_causal", True))
         expected = kernel_pattern(mask_function, causal_default)
         difference = first_difference(
@@ -241,10 +242,12 @@ def flash_attention_mask(
             )
     if attention_mask is None:
         return None
-    attention_mask = attention_mask.to(torch.bool)[:, -kv_length:] if attention_mask.shape[-1] > kv_length else attention_mask.to(torch.bool)
+    if attention_mask.shape[-1] > kv_length:
+        attention_mask = attention_mask[:, -kv_length:]
+    # one device-to-host read either way; all() on the mask as given needs no bool copy first
     if attention_mask.shape[-1] == kv_length and bool(attention_mask.all()):
         return None
-    return attention_mask
+    return attention_mask.to(torch.bool)
 
 
 def flex_attention_mask(
