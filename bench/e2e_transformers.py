@@ -32,8 +32,8 @@ FULL = dict(batch=8, prompt=2048, new_tokens=256, rounds=7, layers=16, parity=(2
 SMOKE = dict(batch=2, prompt=32, new_tokens=4, rounds=3, layers=2, parity=(2, 16))
 # --shape: the model's attention shape (hidden, intermediate, heads q/kv, head_dim) and, for the
 # larger one, the sizes of its run (8 of Llama-3-8B's 32 layers keep a run within minutes; 9
-# rounds: its host-bound decode step varied by ±15 % between rounds, and 5 left the paired
-# interval wider than the difference it is there to show)
+# rounds: with 5, the host-bound decode row's paired interval spanned 0.80-1.03, wider than the
+# difference it is there to show)
 SHAPES = {
     "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=64),
