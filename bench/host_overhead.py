@@ -159,13 +159,12 @@ def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str,
         for part in outer:
             owner = getattr(owner, part)
         patch(owner, name, label.strip(), static=isinstance(owner, type))
-    launch_mod = importlib.import_module(f"{pkg}._launch")
 
     def kernel_name(launcher):
         fn = getattr(launcher._fn, "fn", launcher._fn)
         return f"Launcher: {getattr(fn, '__name__', repr(fn))}"
 
-    patch(launch_mod.Launcher, "__call__", kernel_name)
+    patch(launch.Launcher, "__call__", kernel_name)
     try:
         from triton.backends.nvidia import driver as nv_driver
 
@@ -209,7 +208,6 @@ def _phase_breakdown(kernel, shape: tuple, calls: int, rounds: int, device: str,
             setattr(owner, name, old)
     plain = [sample(ours) for _ in range(rounds)]
     cudnn = [sample(sdpa) for _ in range(rounds)]
-    import statistics
 
     return {"phases_us": phases, "calls_per_fwdbwd": counts,
             "total_with_timers_us": statistics.median(timed_totals),

@@ -66,10 +66,6 @@ def draw_seed() -> int:
 
 
 def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, opts, store_lse=True):
-    global _attention_forward
-    if _attention_forward is None:  # Triton is imported on first use only
-        from ._triton_fwd import attention_forward as _attention_forward
-
     # The kernels take any batch/token/head strides but assume unit stride along head_dim.
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -82,7 +78,7 @@ def _triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
             q, k, v, softmax_scale=opts["softmax_scale"], causal=opts["causal"], store_lse=store_lse,
             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=opts["max_seqlen_q"])
         return q, k, v, out, lse
-    out, lse = _attention_forward(
+    out, lse = _module("_triton_fwd").attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
         alibi_slopes=alibi_slopes, store_lse=store_lse, **opts,
     )
@@ -106,17 +102,6 @@ def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
             and _module("_gluon_fwd").supports(q, k, v))
 
 
-
-_attention_forward = None
-_decode_attention = None
-
-
-def _load_decode():
-    global _decode_attention
-    from ._triton_decode import decode_attention as _decode_attention  # Triton on first use only
-
-    return _decode_attention
-
 # Dense inference calls with at most this many query tokens per row take the split-K decode
 # kernel: one program serves every query head of a KV head (GQA reads K/V once, not once per query
 # head) and long contexts are split over the SMs. The general forward would give each query head
@@ -125,7 +110,7 @@ DECODE_MAX_QUERY = 16
 
 
 def _decode(q, k, v, alibi_slopes, softmax_scale, causal, window_size, softcap, need_lse):
-    decode_attention = _decode_attention or _load_decode()
+    decode_attention = _module("_triton_decode").decode_attention
 
     seqlen_k = k.shape[1]
     return decode_attention(
@@ -169,7 +154,7 @@ def decode_heads_first(
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
-    decode_attention = _decode_attention or _load_decode()
+    decode_attention = _module("_triton_decode").decode_attention
     seqlen_k = ks[2]
     return decode_attention(
         q, k, v, total_lens=None, total_len_uniform=seqlen_k, capacity=seqlen_k, block_table=None,

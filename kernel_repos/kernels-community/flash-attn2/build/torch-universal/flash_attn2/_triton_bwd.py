@@ -666,7 +666,6 @@ def _gluon_wanted(q, k, v, do, cap, varlen, flags, causal, keys, deterministic) 
     return _lazy.module("_gluon_bwd").supports(q, k, v, do)
 
 
-
 def prepare_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                      cu_seqlens_q: Optional[torch.Tensor] = None, **options) -> list:
     """Start compiling, on the compile threads, the backward kernels that a backward of this
