@@ -23,6 +23,8 @@ CASES = [
     ("causal-sq<sk-d128", 1, 200, 517, 4, 4, 128, dict(causal=True)),
     ("window-softcap-d96", 2, 256, 256, 4, 2, 96, dict(window_size=(37, 11), softcap=30.0)),
     ("alibi-causal-d256", 1, 250, 250, 2, 2, 256, dict(causal=True, alibi=True)),
+    ("causal-gqa-d256", 2, 300, 300, 8, 2, 256, dict(causal=True)),
+    ("causal-sq>sk-d256", 1, 517, 200, 2, 2, 256, dict(causal=True)),
     ("d16-causal", 2, 333, 333, 4, 4, 16, dict(causal=True)),
     ("d59-mqa", 2, 129, 257, 6, 1, 59, {}),
     ("varlen-causal-d128", 3, 300, 300, 4, 2, 128, dict(causal=True, varlen=True)),

@@ -36,14 +36,16 @@ def _gluon_bwd():
 
 
 def test_measured_head_dims_run_the_gluon_backward_on_sm90():
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            assert dispatch.wants_gluon_backward(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_k": 1})
+    for head_dim, causal in ((64, False), (64, True), (128, False), (128, True), (256, True)):
+        assert dispatch.wants_gluon_backward(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_k": 1})
+        assert dispatch.wants_gluon_backward(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_k": 1},
+                                             varlen=True)
 
 
 @pytest.mark.parametrize("change", [
     dict(capability=(8, 0)), dict(capability=(10, 0)), dict(capability=None), dict(gluon_ok=False),
-    dict(plain=False), dict(bf16=False), dict(deterministic=True), dict(head_dim=256), dict(head_dim=96),
+    dict(plain=False), dict(bf16=False), dict(deterministic=True), dict(head_dim=256, causal=False),
+    dict(head_dim=96),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_anything_else_keeps_the_triton_backward(change):
     assert not dispatch.wants_gluon_backward(**{**PLAIN, **change})
@@ -182,6 +184,24 @@ def test_the_sm90_host_path_scales_and_lays_out_the_reduced_dq(varlen, monkeypat
     assert seen == {} and "_bwd_dkdv_kernel" in [l.name for l in recorded]
 
 
+@pytest.mark.parametrize("head_dim, keys_per_program, stages, tma_out", [(128, 128, (2, 2, 2), True),
+                                                                         (256, 64, (1, 1, 1), False)])
+def test_the_launch_takes_the_split_of_its_head_dim(head_dim, keys_per_program, stages, tma_out):
+    """Up to 128 columns a program holds 128 keys (64 a consumer) with double-buffered rings and
+    stores dK / dV through the copy engine; at 256 the column split holds 64 keys with every ring
+    single-buffered and masked stores."""
+    gb = _gluon_bwd()
+    q = torch.empty(2, 300, 4, head_dim, dtype=torch.bfloat16)
+    k = torch.empty(2, 200, 2, head_dim, dtype=torch.bfloat16)
+    lse = torch.empty(2, 4, 300)
+    acc = torch.empty(2 * 4 * 300, head_dim)
+    grid, args, kwargs = gb._launch_args(q, k, k, q, lse, lse, acc, k, k, 0.1, True)
+    assert grid == (-(-200 // keys_per_program), 2 * 2, 1)
+    assert (kwargs["STAGES"], kwargs["DS_STAGES"], kwargs["DQ_STAGES"]) == stages
+    assert kwargs["TMA_OUT"] == tma_out
+    assert args[1].block_shape == [1, keys_per_program, 1, head_dim]  # K's box
+
+
 def _pattern(shape):
     """Buffer values that tell rows and columns apart and stay exact in bf16 once scaled by 1/4
     (integers below 256: the interpreter rounds bf16 casts toward zero, the GPU to nearest)."""
@@ -273,26 +293,37 @@ sys.stdout.write(f"SHARED {c.metadata.shared}\\n" + c.asm["ptx"])
 """
 
 
-@pytest.mark.parametrize("head_dim, causal, varlen", [(128, True, False), (64, False, False), (128, True, True)])
+def _products_per_loop(head_dim: int) -> Counter:
+    """wgmma instructions (by n) one consumer issues per query block."""
+    if head_dim <= 128:
+        # the key split: S^T and dP^T (n = 64 queries, k over head_dim), dV and dK (n = head_dim,
+        # k over 64 queries), its half of dQ (n = head_dim / 2, k over all 128 keys)
+        return Counter({64: 2 * (head_dim // 16)}) + Counter({head_dim: 2 * (64 // 16)}) + Counter(
+            {head_dim // 2: 128 // 16})
+    # the column split: S^T and dP^T for its 32 queries (n = 32, k over head_dim), then its half of
+    # the columns of dV, dK (k over 64 queries) and dQ (k over 64 keys), n = head_dim / 2 each
+    return Counter({32: 2 * (head_dim // 16)}) + Counter({head_dim // 2: 3 * (64 // 16)})
+
+
+@pytest.mark.parametrize("head_dim, causal, varlen", [(128, True, False), (64, False, False), (128, True, True),
+                                                      (256, True, False), (256, False, True)])
 def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_dim, causal, varlen, tmp_path):
     _gluon_bwd()
     done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), int(varlen)), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     shared, ptx = done.stdout.split("\n", 1)
     assert int(shared.split()[1]) <= 227 * 1024  # what one Hopper block may take
-    # per query block and consumer: S^T and dP^T (n = 64 queries), dV and dK (n = head_dim), its
-    # half of dQ (n = head_dim / 2), in a masked and an unmasked loop for each of two consumers
+    # per query block and consumer, in a masked and an unmasked loop for each of two consumers
     shapes = Counter(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
-    per_loop = Counter({64: 2 * (head_dim // 16)}) + Counter({head_dim: 2 * (64 // 16)}) + Counter(
-        {head_dim // 2: 128 // 16})
-    assert shapes == Counter({n: 4 * c for n, c in per_loop.items()})
+    assert shapes == Counter({n: 4 * c for n, c in _products_per_loop(head_dim).items()})
     # dQ leaves through the copy engine's reduce-add (one box per 128-byte swizzle span)
     assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)) == head_dim // 32
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global", ptx)  # Q, K, V, dO loads
     # dK / dV: through the copy engine in dense calls (the ragged last block through masked
-    # stores), only masked stores for packed sequences (a box would reach the next sequence)
+    # stores), only masked stores for packed sequences (a box would reach the next sequence) and
+    # for the column split (each consumer holds half the columns)
     bulk_store = re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group \[", ptx)
-    assert (bulk_store is None) == varlen
+    assert (bulk_store is None) == (varlen or head_dim > 128)
     assert re.search(r"@%p\d+ st\.global", ptx)
     assert ".local" not in ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)

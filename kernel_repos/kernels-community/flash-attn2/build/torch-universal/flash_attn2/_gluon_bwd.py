@@ -26,6 +26,13 @@ Why this shape (FlashAttention-3's backward, in Gluon's terms):
   of dV += P^T dO and dK += dS^T Q. dQ = dS K needs all 128 keys: both consumers put their
   half of dS^T into one shared tile, and each computes half of dQ's columns from all of it
   (64 x D/2 fp32), which keeps a consumer's registers within the 240 it gets.
+* Head dims above 128 (:data:`WIDE_FROM`) take a column split instead: dK and dV of 64 keys at
+  256 columns would need 256 fp32 registers a thread. A program holds 64 keys; each consumer
+  computes S^T and dP^T of all of them for half of the block's queries, the halves of P^T and
+  dS^T meet in shared memory, and each consumer then owns half the columns of dV, dK and dQ
+  (FlashAttention-3's head-dim-256 split). K, V, Q, dO, P^T, dS^T and the fp32 dQ tile take
+  208 KB at 256 columns, so the Q/dO ring is single-buffered there: its next load waits for
+  the step's last product that reads Q.
 * Key blocks touched by no mask (the causal diagonal, the keys' ragged end) run without the
   compare and select; query rows past the end get lse +inf, so they add nothing. Packed
   sequences share one ``[1, total, H, D]`` view: a program reads its sequence's bounds from
@@ -75,7 +82,7 @@ _tma_reduce_add = getattr(tma, "async_atomic_add", None) or _tma_reduce_add_36
 
 BLOCK_M = 64   # query rows per step (the dQ product's m64 wgmma row block)
 BLOCK_N = 128  # keys per program: 64 per consumer warpgroup
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 # (consumer, small partitions, kernel maxnreg) registers per thread: 4 + 4 consumer warps and two
 # one-warp partitions (one warpgroup between them) share the 64K-register file as
 # 240 x 256 + 24 x 128 <= 168 x 384
@@ -83,6 +90,19 @@ REGS = (240, 24, 168)
 STAGES = 2     # Q / dO ring
 DS_STAGES = 2  # dS^T tiles
 DQ_STAGES = 2  # dQ tiles waiting for their reduce
+# head dims above WIDE_FROM take the column split (see _step_wide): 64 keys a program, and every
+# ring single-buffered, since at 256 columns K, V, Q, dO, P^T, dS^T and the fp32 dQ tile take
+# 208 KB of the 227 KB a block may have
+WIDE_FROM = 129
+WIDE_BLOCK_N = 64
+WIDE_STAGES = (1, 1, 1)  # (Q / dO ring, P^T and dS^T tiles, dQ tiles)
+
+
+def tiles(head_dim: int) -> Tuple[int, int, int, int]:
+    """(keys per program, Q/dO stages, P^T/dS^T stages, dQ stages) for head_dim. Raises nothing."""
+    if head_dim >= WIDE_FROM:
+        return (WIDE_BLOCK_N, *WIDE_STAGES)
+    return BLOCK_N, STAGES, DS_STAGES, DQ_STAGES
 # dense calls store dK and dV through shared memory and the copy engine (packed ones through
 # stores masked at the sequence's end: a bulk copy would overwrite the next sequence's keys)
 STORE_DKDV_BY_TMA = True
@@ -150,6 +170,35 @@ def _publish(dst, value, bar):
 
 
 @gluon.jit
+def _end_step(t, slot, dslot, dq, qdo_empty, ds_empty, dq_smem, dq_full, dq_empty, W: gl.constexpr,
+              DQ_STAGES: gl.constexpr):
+    """A consumer's end of ring step t, its products done: hand back the Q/dO slot and the dS^T
+    slot, then put its columns of dQ (W-th of two) in the dQ tile for the reduce."""
+    mbarrier.arrive(qdo_empty.index(slot))
+    mbarrier.arrive(ds_empty.index(dslot))
+    qslot = t % DQ_STAGES
+    mbarrier.wait(dq_empty.index(qslot), ((t // DQ_STAGES) & 1) ^ 1)
+    cols: gl.constexpr = dq.shape[1]
+    _publish(dq_smem.index(qslot).slice(W * cols, cols, dim=1), dq, dq_full.index(qslot))
+
+
+@gluon.jit
+def _store_rows(dk_ptr, dv_ptr, dk, dv, b, hk, k_row0, r0, c0, seqlen_k, sm_scale, stride_dkb, stride_dkn,
+                stride_dkh, stride_dvb, stride_dvn, stride_dvh):
+    """Masked stores of a consumer's dK (scaled) and dV: key rows from r0 (those below seqlen_k),
+    columns from c0."""
+    layout: gl.constexpr = dk.type.layout
+    offs_r = r0 + gl.arange(0, dk.shape[0], layout=gl.SliceLayout(1, layout))
+    offs_d = c0 + gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, layout))
+    ok = offs_r[:, None] < seqlen_k
+    rows = (k_row0 + offs_r).to(gl.int64)[:, None]
+    gl.store(dk_ptr + b.to(gl.int64) * stride_dkb + hk * stride_dkh + rows * stride_dkn + offs_d[None, :],
+             (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=ok)
+    gl.store(dv_ptr + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows * stride_dvn + offs_d[None, :],
+             dv.to(dv_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
 def _step(t, i, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, qdo_ready, qdo_empty,
           ds_full, ds_empty, dq_full, dq_empty, dk, dv, offs_n, seqlen_q, seqlen_k, qk_scale,
           W: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
@@ -196,12 +245,7 @@ def _step(t, i, kw, vw, k_half, q_smem, do_smem, lse_smem, delta_smem, ds_smem, 
     dq_tok = warpgroup_mma(ds_smem.index(dslot).permute((1, 0)), k_half,
                            gl.zeros([BM, HALF_D], gl.float32, dq_layout), use_acc=False, is_async=True)
     dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
-    mbarrier.arrive(qdo_empty.index(slot))
-    mbarrier.arrive(ds_empty.index(dslot))
-
-    qslot = t % DQ_STAGES
-    mbarrier.wait(dq_empty.index(qslot), ((t // DQ_STAGES) & 1) ^ 1)
-    _publish(dq_smem.index(qslot).slice(W * HALF_D, HALF_D, dim=1), dq, dq_full.index(qslot))
+    _end_step(t, slot, dslot, dq, qdo_empty, ds_empty, dq_smem, dq_full, dq_empty, W, DQ_STAGES)
     return dk, dv
 
 
@@ -256,14 +300,101 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq
         _tma_store(dv_desc, [b * seqlen_k + n0 + W * KW, hk * D], vw)
         tma.store_wait(pendings=0)
     else:
-        offs_r = n0 + W * KW + gl.arange(0, KW, layout=gl.SliceLayout(1, acc_layout))
-        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-        ok = offs_r[:, None] < seqlen_k
-        rows = (k_row0 + offs_r).to(gl.int64)[:, None]
-        gl.store(dk_ptr + b.to(gl.int64) * stride_dkb + hk * stride_dkh + rows * stride_dkn + offs_d[None, :],
-                 (dk * sm_scale).to(dtype), mask=ok)
-        gl.store(dv_ptr + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows * stride_dvn + offs_d[None, :],
-                 dv.to(dtype), mask=ok)
+        _store_rows(dk_ptr, dv_ptr, dk, dv, b, hk, k_row0, n0 + W * KW, 0, seqlen_k, sm_scale, stride_dkb, stride_dkn,
+                    stride_dkh, stride_dvb, stride_dvn, stride_dvh)
+
+
+@gluon.jit
+def _step_wide(t, i, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem, qdo_ready,
+               qdo_empty, pt_full, ds_full, pds_empty, dq_full, dq_empty, dk, dv, offs_n, seqlen_q, seqlen_k,
+               qk_scale, W: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+               DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr):
+    """Query block i (ring step t) for the column split (head dims above 128): consumer W
+    computes S^T and dP^T for all the program's keys and its half of the block's queries, the
+    two halves of P^T and dS^T meet in shared memory, and W then owns columns
+    [W * D/2, (W + 1) * D/2) of dV, dK and dQ. Every product reads both operands from shared
+    memory, so no consumer holds more than half of any D-wide accumulator."""
+    BM: gl.constexpr = q_smem.shape[1]
+    D: gl.constexpr = q_smem.shape[2]
+    BN: gl.constexpr = k_smem.shape[0]
+    HQ: gl.constexpr = BM // 2
+    HD: gl.constexpr = D // 2
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HQ, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HD, 16])
+
+    slot = t % STAGES
+    mbarrier.wait(qdo_ready.index(slot), (t // STAGES) & 1)
+    q = q_smem.index(slot)
+    do = do_smem.index(slot)
+    s_tok = warpgroup_mma(k_smem, q.slice(W * HQ, HQ, dim=0).permute((1, 0)),
+                          gl.zeros([BN, HQ], gl.float32, s_layout), use_acc=False, is_async=True)
+    dp_tok = warpgroup_mma(v_smem, do.slice(W * HQ, HQ, dim=0).permute((1, 0)),
+                           gl.zeros([BN, HQ], gl.float32, s_layout), use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+    lse2 = lse_smem.index(slot).slice(W * HQ, HQ).load(gl.SliceLayout(0, s_layout))
+    if MASK:
+        offs_m = i * BM + W * HQ + gl.arange(0, HQ, layout=gl.SliceLayout(0, s_layout))
+        keep = offs_n[:, None] < seqlen_k
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q))
+        s = gl.where(keep, s, float("-inf"))
+    p = gl.exp2(s * qk_scale - lse2[None, :])
+    pslot = t % DS_STAGES
+    # P^T goes out first: the other consumer's dV product waits on it while this one finishes dS^T
+    mbarrier.wait(pds_empty.index(pslot), ((t // DS_STAGES) & 1) ^ 1)
+    _publish(pt_smem.index(pslot).slice(W * HQ, HQ, dim=1), p.to(dtype), pt_full.index(pslot))
+    delta = delta_smem.index(slot).slice(W * HQ, HQ).load(gl.SliceLayout(0, s_layout))
+    dp = warpgroup_mma_wait(0, deps=(dp_tok, ))
+    ds = (p * (dp - delta[None, :])).to(dtype)
+    mbarrier.wait(pt_full.index(pslot), (t // DS_STAGES) & 1)
+    dv = warpgroup_mma(pt_smem.index(pslot), do.slice(W * HD, HD, dim=1), dv, is_async=True)
+    _publish(ds_smem.index(pslot).slice(W * HQ, HQ, dim=1), ds, ds_full.index(pslot))
+    mbarrier.wait(ds_full.index(pslot), (t // DS_STAGES) & 1)
+    dk = warpgroup_mma(ds_smem.index(pslot), q.slice(W * HD, HD, dim=1), dk, is_async=True)
+    dq_tok = warpgroup_mma(ds_smem.index(pslot).permute((1, 0)), k_smem.slice(W * HD, HD, dim=1),
+                           gl.zeros([BM, HD], gl.float32, dq_layout), use_acc=False, is_async=True)
+    dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq_tok))
+    _end_step(t, slot, pslot, dq, qdo_empty, pds_empty, dq_smem, dq_full, dq_empty, W, DQ_STAGES)
+    return dk, dv
+
+
+@gluon.jit
+def _consumer_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem, kv_bar,
+                   qdo_ready, qdo_empty, pt_full, ds_full, pds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkb,
+                   stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0, group, i_lo,
+                   nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, W: gl.constexpr, CAUSAL: gl.constexpr,
+                   STAGES: gl.constexpr, DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr):
+    """The column split's consumer W: dK and dV columns [W * D/2, (W + 1) * D/2) of all the
+    program's keys, stored with masked stores at the end."""
+    BN: gl.constexpr = k_smem.shape[0]
+    D: gl.constexpr = k_smem.shape[1]
+    HD: gl.constexpr = D // 2
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, q_smem.shape[1] // 2, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HD, 16])
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, s_layout))
+    dk = gl.zeros([BN, HD], gl.float32, acc_layout)
+    dv = gl.zeros([BN, HD], gl.float32, acc_layout)
+    mbarrier.wait(kv_bar, 0)
+    for g in range(group):
+        t0 = g * nsteps
+        for j in range(0, n_mask):
+            dk, dv = _step_wide(t0 + j, i_lo + j, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem,
+                                ds_smem, dq_smem, qdo_ready, qdo_empty, pt_full, ds_full, pds_empty, dq_full,
+                                dq_empty, dk, dv, offs_n, seqlen_q, seqlen_k, qk_scale, W, True, CAUSAL, STAGES,
+                                DS_STAGES, DQ_STAGES)
+        for j in range(n_mask, nsteps):
+            dk, dv = _step_wide(t0 + j, i_lo + j, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem,
+                                ds_smem, dq_smem, qdo_ready, qdo_empty, pt_full, ds_full, pds_empty, dq_full,
+                                dq_empty, dk, dv, offs_n, seqlen_q, seqlen_k, qk_scale, W, False, CAUSAL, STAGES,
+                                DS_STAGES, DQ_STAGES)
+    _store_rows(dk_ptr, dv_ptr, dk, dv, b, hk, k_row0, n0, W * HD, seqlen_k, sm_scale, stride_dkb, stride_dkn,
+                stride_dkh, stride_dvb, stride_dvn, stride_dvh)
 
 
 @gluon.jit
@@ -316,15 +447,26 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, 
     # the dQ buffer's rows are head-major: (batch, head, token) dense, (head, token) packed
     acc_row0 = (tb * heads_q + hk * group) * acc_rows_head + q_row0
 
+    WIDE: gl.constexpr = D > 128
     qd_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, D], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
+    if WIDE:
+        # P^T / dS^T tiles [keys, queries] written in two column halves (one per consumer) of 32
+        # queries: a 64-byte swizzle makes each half one whole swizzle span
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    else:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BM], dtype)
     dq_layout: gl.constexpr = dq_desc.layout
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_layout)
     k_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
     ds_smem = gl.allocate_shared_memory(dtype, [DS_STAGES, BN, BM], ds_layout)
+    if WIDE:
+        pt_smem = gl.allocate_shared_memory(dtype, [DS_STAGES, BN, BM], ds_layout)
+        pt_full = gl.allocate_shared_memory(gl.int64, [DS_STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(DS_STAGES):
+            mbarrier.init(pt_full.index(s), count=2)
     dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_STAGES, BM, D], dq_layout)
     row_smem: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BM], row_smem)
@@ -350,24 +492,45 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, 
         mbarrier.init(dq_empty.index(s), count=1)
     fence_async_shared()
 
-    if live:
-        gl.warp_specialize([
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, done_bar,
-                         qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_desc, dv_desc, dk_ptr, dv_ptr,
-                         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0,
-                         group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, STAGES,
-                         DS_STAGES, DQ_STAGES, TMA_OUT)),
-            (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, done_bar,
-                         qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_desc, dv_desc, dk_ptr, dv_ptr,
-                         stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0,
-                         group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, STAGES,
-                         DS_STAGES, DQ_STAGES, TMA_OUT)),
-            (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
-                         kv_bar, qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, tb, hk,
-                         n0, q_row0, k_row0, group, i_lo, nsteps, STAGES)),
-            (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, acc_row0, acc_rows_head, group, i_lo, nsteps,
-                          DQ_STAGES)),
-        ], [4, 1, 1], [CONSUMER_REGS, SMALL_REGS, SMALL_REGS])
+    # the column split and the key split differ in their consumers only (constexpr WIDE)
+    if WIDE:
+        if live:
+            gl.warp_specialize([
+                (_consumer_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem,
+                                  kv_bar, qdo_ready, qdo_empty, pt_full, ds_full, ds_empty, dq_full, dq_empty, dk_ptr,
+                                  dv_ptr, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk,
+                                  n0, k_row0, group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 0,
+                                  CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
+                (_consumer_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem,
+                                  kv_bar, qdo_ready, qdo_empty, pt_full, ds_full, ds_empty, dq_full, dq_empty, dk_ptr,
+                                  dv_ptr, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk,
+                                  n0, k_row0, group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 1,
+                                  CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                             kv_bar, qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, tb, hk,
+                             n0, q_row0, k_row0, group, i_lo, nsteps, STAGES)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, acc_row0, acc_rows_head, group, i_lo, nsteps,
+                              DQ_STAGES)),
+            ], [4, 1, 1], [CONSUMER_REGS, SMALL_REGS, SMALL_REGS])
+    else:
+        if live:
+            gl.warp_specialize([
+                (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, done_bar,
+                             qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_desc, dv_desc, dk_ptr, dv_ptr,
+                             stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0,
+                             group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 0, CAUSAL, STAGES,
+                             DS_STAGES, DQ_STAGES, TMA_OUT)),
+                (_consumer, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem, kv_bar, done_bar,
+                             qdo_ready, qdo_empty, ds_full, ds_empty, dq_full, dq_empty, dk_desc, dv_desc, dk_ptr, dv_ptr,
+                             stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk, n0, k_row0,
+                             group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 1, CAUSAL, STAGES,
+                             DS_STAGES, DQ_STAGES, TMA_OUT)),
+                (_producer, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, lse_smem, delta_smem,
+                             kv_bar, qdo_ready, qdo_empty, lse_ptr, delta_ptr, stride_lb, stride_lh, seqlen_q, tb, hk,
+                             n0, q_row0, k_row0, group, i_lo, nsteps, STAGES)),
+                (_dq_writer, (dq_desc, dq_smem, dq_full, dq_empty, acc_row0, acc_rows_head, group, i_lo, nsteps,
+                              DQ_STAGES)),
+            ], [4, 1, 1], [CONSUMER_REGS, SMALL_REGS, SMALL_REGS])
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> bool:
@@ -422,15 +585,17 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
         lse_strides = (lse.stride(0), lse.stride(1))
         packed = (None, None, None)  # compile-time None: a dense call's code has none of them
     dq_desc = make_descriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [BLOCK_M, d], _layout_dq())
-    tma_out = STORE_DKDV_BY_TMA and not varlen
+    block_n, stages, ds_stages, dq_stages = tiles(d)
+    # the column split stores dK / dV with masked stores (each consumer holds half the columns)
+    tma_out = STORE_DKDV_BY_TMA and not varlen and d < WIDE_FROM
     # dK / dV leave in halves of the key block, one per consumer; compile-time None when unused
     out_descs = (_rows_descriptor(dk), _rows_descriptor(dv)) if tma_out else (None, None)
-    grid = ((seqlen_k + BLOCK_N - 1) // BLOCK_N, batch * heads_k, 1)  # not triton.cdiv: µs a call
-    args = (_descriptor(q, BLOCK_M, d), _descriptor(k, BLOCK_N, d), _descriptor(v, BLOCK_N, d),
+    grid = ((seqlen_k + block_n - 1) // block_n, batch * heads_k, 1)  # not triton.cdiv: µs a call
+    args = (_descriptor(q, BLOCK_M, d), _descriptor(k, block_n, d), _descriptor(v, block_n, d),
             _descriptor(do, BLOCK_M, d),
             dq_desc, *out_descs, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
             seqlen_q, seqlen_k, heads_q, heads_k, float(softmax_scale) * LOG2E, float(softmax_scale))
-    kwargs = dict(CAUSAL=bool(causal), STAGES=STAGES, DS_STAGES=DS_STAGES, DQ_STAGES=DQ_STAGES,
+    kwargs = dict(CAUSAL=bool(causal), STAGES=stages, DS_STAGES=ds_stages, DQ_STAGES=dq_stages,
                   CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], VARLEN=varlen, TMA_OUT=tma_out, num_warps=4,
                   maxnreg=REGS[2])
     return grid, args, kwargs
