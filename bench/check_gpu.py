@@ -148,14 +148,24 @@ def check_decode(kernels: dict, case) -> dict:
     return row
 
 
+def _guarded(check, kernels: dict, case) -> dict:
+    """``check(kernels, case)``; a case that raises is a failed row naming the error, so the other
+    cases still run and the table is still written."""
+    try:
+        return check(kernels, case)
+    except Exception as e:  # noqa: BLE001 - any error of the kernel is this case's result
+        return dict(case=case[0], passed=False, error=f"{type(e).__name__}: {e}"[:300])
+
+
 def main() -> None:
     parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--quick", action="store_true", help="the cases marked QUICK only (each case compiles)")
     args = parser.parse_args()
     kernels = harness.kernels(args.baseline)
     pick = (lambda cases: [c for c in cases if c[0] in QUICK]) if args.quick else (lambda cases: cases)
-    rows = [check_dense(kernels, c) for c in pick(CASES)] + [check_decode(kernels, c) for c in pick(DECODE)]
-    columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2")
+    rows = [_guarded(check_dense, kernels, c) for c in pick(CASES)] + [
+        _guarded(check_decode, kernels, c) for c in pick(DECODE)]
+    columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2", error="error")
     if args.baseline:
         columns.update(max_abs_diff_vs_baseline="max |ours - baseline|", identical_to_baseline="bitwise equal")
     path = harness.write_results(

@@ -202,6 +202,35 @@ def test_the_launch_takes_the_split_of_its_head_dim(head_dim, keys_per_program, 
     assert args[1].block_shape == [1, keys_per_program, 1, head_dim]  # K's box
 
 
+def test_calls_sharing_a_launcher_put_the_same_kind_of_argument_in_every_slot():
+    """A Launcher keys one kind of argument per slot (a descriptor, a tensor, an int, None): the
+    calls it serves, dense or packed, at every head dim, must agree slot by slot, or a cached
+    launch would read a descriptor from None."""
+    gb = _gluon_bwd()
+
+    def kind(a):
+        return type(a).__name__
+
+    seen = {}
+    for head_dim in gb.HEAD_DIMS:
+        for varlen in (False, True):
+            if varlen:
+                q = torch.empty(300, 4, head_dim, dtype=torch.bfloat16)
+                lse = torch.empty(4, 300)
+                cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+                packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, max_seqlen_k=200)
+            else:
+                q = torch.empty(2, 150, 4, head_dim, dtype=torch.bfloat16)
+                lse = torch.empty(2, 4, 150)
+                packed = {}
+            acc = torch.empty(2 * 4 * 150, head_dim)
+            _, args, kwargs = gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, True, **packed)
+            launcher = gb._launcher(kwargs["VARLEN"], kwargs["TMA_OUT"])
+            seen.setdefault(id(launcher), set()).add(tuple(kind(a) for a in args))
+    assert len(seen) == 3  # dense with TMA stores, dense without (head_dim 256), packed
+    assert all(len(kinds) == 1 for kinds in seen.values()), seen
+
+
 def _pattern(shape):
     """Buffer values that tell rows and columns apart and stay exact in bf16 once scaled by 1/4
     (integers below 256: the interpreter rounds bf16 casts toward zero, the GPU to nearest)."""
@@ -218,7 +247,7 @@ def test_compile_ahead_starts_the_gluon_compile_once_per_class(monkeypatch):
     launch_mod = importlib.import_module(fa.__name__ + "._launch")
     monkeypatch.setattr(launch_mod, "COMPILE_THREADS", 2)
     warmed = []
-    real = gb._launcher(False)
+    real = gb._launcher(False, True)
 
     class Launcher:  # the dense calls' Launcher, compiling nothing
         _constexpr_names = real._constexpr_names
@@ -227,7 +256,7 @@ def test_compile_ahead_starts_the_gluon_compile_once_per_class(monkeypatch):
         def warmup(args, constexprs, num_warps, num_stages):
             warmed.append((dict(zip(real._constexpr_names, constexprs))["CAUSAL"], len(args), num_warps))
 
-    monkeypatch.setattr(gb, "_launcher", lambda varlen: Launcher)
+    monkeypatch.setattr(gb, "_launcher", lambda varlen, tma_out: Launcher)
     q, k, v, _ = _dense()
     with recording(fa, monkeypatch) as recorded:
         first = bwd.prepare_backward(q, k, v, causal=True, softmax_scale=0.1)

@@ -609,18 +609,20 @@ def gluon_dkdv_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
     ``max_seqlen_q``, ``max_seqlen_k`` for packed sequences. Raises what Triton raises on
     compile errors."""
     grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, **packed)
-    launcher = _launcher(kwargs["VARLEN"])
+    launcher = _launcher(kwargs["VARLEN"], kwargs["TMA_OUT"])
     launcher(grid, args, _constexprs(launcher, kwargs), kwargs["num_warps"], 1)
 
 
-# the launches through _launch's cached path, one Launcher for dense calls and one for packed
-# ones (their argument slots differ in kind: packed ones hold None where dense ones hold dK/dV's
-# descriptors, ints where dense ones hold None)
-_LAUNCHERS = {varlen: Launcher(_gluon_attn_bwd, maxnreg=REGS[2]) for varlen in (False, True)}
+# the launches through _launch's cached path: a Launcher keys one kind of argument per slot, so
+# there is one per (packed, dK/dV by TMA): packed calls hold ints where dense ones hold None, and
+# the calls without TMA stores (packed ones, and the column split's) None where the others hold
+# dK/dV's descriptors
+_LAUNCHERS = {(varlen, tma_out): Launcher(_gluon_attn_bwd, maxnreg=REGS[2])
+              for varlen, tma_out in ((False, True), (False, False), (True, False))}
 
 
-def _launcher(varlen: bool) -> Launcher:
-    return _LAUNCHERS[varlen]
+def _launcher(varlen: bool, tma_out: bool) -> Launcher:
+    return _LAUNCHERS[(varlen, tma_out)]
 
 
 def _constexprs(launcher: Launcher, kwargs: dict) -> tuple:
@@ -654,7 +656,7 @@ def compile_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.T
     grid, args, kwargs = _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, **packed)
     device = q.device
 
-    launcher = _launcher(kwargs["VARLEN"])
+    launcher = _launcher(kwargs["VARLEN"], kwargs["TMA_OUT"])
 
     def one() -> None:
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
