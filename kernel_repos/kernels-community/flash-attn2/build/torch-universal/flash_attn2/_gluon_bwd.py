@@ -492,7 +492,9 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, 
         mbarrier.init(dq_empty.index(s), count=1)
     fence_async_shared()
 
-    # the column split and the key split differ in their consumers only (constexpr WIDE)
+    # the column split and the key split differ in their consumers only (constexpr WIDE); the
+    # partition lists are spelled out: warp_specialize takes a list literal, and Gluon 3.6 cannot
+    # join argument tuples that hold constants
     if WIDE:
         if live:
             gl.warp_specialize([
