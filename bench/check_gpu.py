@@ -25,11 +25,13 @@ CASES = [
     ("alibi-causal-d256", 1, 250, 250, 2, 2, 256, dict(causal=True, alibi=True)),
     ("causal-gqa-d256", 2, 300, 300, 8, 2, 256, dict(causal=True)),
     ("causal-sq>sk-d256", 1, 517, 200, 2, 2, 256, dict(causal=True)),
+    ("gqa-ragged-d256", 2, 300, 333, 8, 2, 256, {}),
     ("d16-causal", 2, 333, 333, 4, 4, 16, dict(causal=True)),
     ("d59-mqa", 2, 129, 257, 6, 1, 59, {}),
     ("varlen-causal-d128", 3, 300, 300, 4, 2, 128, dict(causal=True, varlen=True)),
     ("varlen-d128", 3, 300, 300, 4, 2, 128, dict(varlen=True)),
     ("varlen-causal-sq<sk-d256", 2, 200, 517, 2, 2, 256, dict(causal=True, varlen=True)),
+    ("varlen-d256", 3, 300, 300, 4, 2, 256, dict(varlen=True)),
 ]
 QUICK = {"plain-d128", "causal-gqa-d64", "window-softcap-d96", "d16-causal", "varlen-causal-d128", "paged-gqa-d128"}
 DECODE = [("paged-gqa-d128", 8, 1000, 32, 8, 128, 256), ("dense-gqa-d128", 8, 1000, 32, 8, 128, None),

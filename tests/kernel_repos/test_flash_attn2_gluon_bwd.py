@@ -36,7 +36,7 @@ def _gluon_bwd():
 
 
 def test_measured_head_dims_run_the_gluon_backward_on_sm90():
-    for head_dim, causal in ((64, False), (64, True), (128, False), (128, True), (256, True)):
+    for head_dim, causal in ((64, False), (64, True), (128, False), (128, True), (256, False), (256, True)):
         assert dispatch.wants_gluon_backward(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_k": 1})
         assert dispatch.wants_gluon_backward(**{**PLAIN, "head_dim": head_dim, "causal": causal, "seqlen_k": 1},
                                              varlen=True)
@@ -44,8 +44,7 @@ def test_measured_head_dims_run_the_gluon_backward_on_sm90():
 
 @pytest.mark.parametrize("change", [
     dict(capability=(8, 0)), dict(capability=(10, 0)), dict(capability=None), dict(gluon_ok=False),
-    dict(plain=False), dict(bf16=False), dict(deterministic=True), dict(head_dim=256, causal=False),
-    dict(head_dim=96),
+    dict(plain=False), dict(bf16=False), dict(deterministic=True), dict(head_dim=96),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_anything_else_keeps_the_triton_backward(change):
     assert not dispatch.wants_gluon_backward(**{**PLAIN, **change})
@@ -318,7 +317,14 @@ signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n 
 attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
 c = triton.compile(GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs),
                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=gb.REGS[2]))
-sys.stdout.write(f"SHARED {c.metadata.shared}\\n" + c.asm["ptx"])
+# the stack frame ptxas gave the kernel (spilled registers live there): cuobjdump ships with Triton
+import os, pathlib, re, subprocess, tempfile
+cubin = pathlib.Path(tempfile.mkdtemp()) / "k.cubin"
+cubin.write_bytes(c.asm["cubin"])
+tool = pathlib.Path(triton.backends.nvidia.__file__).parent / "bin" / "cuobjdump"
+usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True).stdout
+stack = int(re.search(r"STACK:(\\d+)", usage).group(1))
+sys.stdout.write(f"SHARED {c.metadata.shared} STACK {stack}\\n" + c.asm["ptx"])
 """
 
 
@@ -340,8 +346,13 @@ def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_
     _gluon_bwd()
     done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), int(varlen)), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    shared, ptx = done.stdout.split("\n", 1)
-    assert int(shared.split()[1]) <= 227 * 1024  # what one Hopper block may take
+    sizes, ptx = done.stdout.split("\n", 1)
+    assert int(sizes.split()[1]) <= 227 * 1024  # what one Hopper block may take
+    if head_dim > 128:
+        # the column split's 76 wgmma descriptors are computed in its loop (the views depend on
+        # a value the compiler cannot fold); hoisted out of it they spilled, 864 bytes a thread,
+        # reloaded every step
+        assert int(sizes.split()[3]) <= 64
     # per query block and consumer, in a masked and an unmasked loop for each of two consumers
     shapes = Counter(int(n) for n in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", ptx))
     assert shapes == Counter({n: 4 * c for n, c in _products_per_loop(head_dim).items()})

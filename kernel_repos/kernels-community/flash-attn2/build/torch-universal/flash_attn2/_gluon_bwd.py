@@ -316,7 +316,7 @@ def _step_wide(t, i, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
     memory, so no consumer holds more than half of any D-wide accumulator."""
     BM: gl.constexpr = q_smem.shape[1]
     D: gl.constexpr = q_smem.shape[2]
-    BN: gl.constexpr = k_smem.shape[0]
+    BN: gl.constexpr = k_smem.shape[1]
     HQ: gl.constexpr = BM // 2
     HD: gl.constexpr = D // 2
     dtype: gl.constexpr = q_smem.dtype
@@ -325,10 +325,19 @@ def _step_wide(t, i, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HD, 16])
 
-    slot = t % STAGES
+    # z is 0 at run time (the grid's third axis has one program) but varies with t for the
+    # compiler. With every ring single-buffered, each shared-memory view here would be
+    # loop-invariant, and the compiler hoisted all 76 wgmma descriptors (64-bit each) out of the
+    # loop, where one consumer spilled them and reloaded ~40 of them every step (ncu: 56 % of
+    # the kernel's stalls on local memory; bench/NOTES.md). Views that depend on z are computed
+    # in the loop, a few integer adds a step, and nothing spills.
+    z = t & gl.program_id(2)
+    slot = t % STAGES + z
     mbarrier.wait(qdo_ready.index(slot), (t // STAGES) & 1)
     q = q_smem.index(slot)
     do = do_smem.index(slot)
+    k_smem = k_smem.index(z)
+    v_smem = v_smem.index(z)
     s_tok = warpgroup_mma(k_smem, q.slice(W * HQ, HQ, dim=0).permute((1, 0)),
                           gl.zeros([BN, HQ], gl.float32, s_layout), use_acc=False, is_async=True)
     dp_tok = warpgroup_mma(v_smem, do.slice(W * HQ, HQ, dim=0).permute((1, 0)),
@@ -342,7 +351,7 @@ def _step_wide(t, i, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_s
             keep = keep & (offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q))
         s = gl.where(keep, s, float("-inf"))
     p = gl.exp2(s * qk_scale - lse2[None, :])
-    pslot = t % DS_STAGES
+    pslot = t % DS_STAGES + z
     # P^T goes out first: the other consumer's dV product waits on it while this one finishes dS^T
     mbarrier.wait(pds_empty.index(pslot), ((t // DS_STAGES) & 1) ^ 1)
     _publish(pt_smem.index(pslot).slice(W * HQ, HQ, dim=1), p.to(dtype), pt_full.index(pslot))
@@ -369,8 +378,8 @@ def _consumer_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_sme
                    STAGES: gl.constexpr, DS_STAGES: gl.constexpr, DQ_STAGES: gl.constexpr):
     """The column split's consumer W: dK and dV columns [W * D/2, (W + 1) * D/2) of all the
     program's keys, stored with masked stores at the end."""
-    BN: gl.constexpr = k_smem.shape[0]
-    D: gl.constexpr = k_smem.shape[1]
+    BN: gl.constexpr = k_smem.shape[1]
+    D: gl.constexpr = k_smem.shape[2]
     HD: gl.constexpr = D // 2
     dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -459,8 +468,16 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, 
     dq_layout: gl.constexpr = dq_desc.layout
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BM, D], qd_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
+    if WIDE:
+        # one-slot buffers, so that the column split's steps can index them with a value the
+        # compiler cannot fold (see _step_wide)
+        k_all = gl.allocate_shared_memory(dtype, [1, BN, D], kv_layout)
+        v_all = gl.allocate_shared_memory(dtype, [1, BN, D], kv_layout)
+        k_smem = k_all.index(0)
+        v_smem = v_all.index(0)
+    else:
+        k_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
+        v_smem = gl.allocate_shared_memory(dtype, [BN, D], kv_layout)
     ds_smem = gl.allocate_shared_memory(dtype, [DS_STAGES, BN, BM], ds_layout)
     if WIDE:
         pt_smem = gl.allocate_shared_memory(dtype, [DS_STAGES, BN, BM], ds_layout)
@@ -498,12 +515,12 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, 
     if WIDE:
         if live:
             gl.warp_specialize([
-                (_consumer_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem,
+                (_consumer_wide, (k_all, v_all, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem,
                                   kv_bar, qdo_ready, qdo_empty, pt_full, ds_full, ds_empty, dq_full, dq_empty, dk_ptr,
                                   dv_ptr, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk,
                                   n0, k_row0, group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 0,
                                   CAUSAL, STAGES, DS_STAGES, DQ_STAGES)),
-                (_consumer_wide, (k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem,
+                (_consumer_wide, (k_all, v_all, q_smem, do_smem, lse_smem, delta_smem, pt_smem, ds_smem, dq_smem,
                                   kv_bar, qdo_ready, qdo_empty, pt_full, ds_full, ds_empty, dq_full, dq_empty, dk_ptr,
                                   dv_ptr, stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh, b, hk,
                                   n0, k_row0, group, i_lo, nsteps, n_mask, seqlen_q, seqlen_k, qk_scale, sm_scale, 1,
@@ -592,7 +609,8 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
     tma_out = STORE_DKDV_BY_TMA and not varlen and d < WIDE_FROM
     # dK / dV leave in halves of the key block, one per consumer; compile-time None when unused
     out_descs = (_rows_descriptor(dk), _rows_descriptor(dv)) if tma_out else (None, None)
-    grid = ((seqlen_k + block_n - 1) // block_n, batch * heads_k, 1)  # not triton.cdiv: µs a call
+    # not triton.cdiv (µs a call); the third axis must stay 1: _step_wide takes program_id(2) as 0
+    grid = ((seqlen_k + block_n - 1) // block_n, batch * heads_k, 1)
     args = (_descriptor(q, BLOCK_M, d), _descriptor(k, block_n, d), _descriptor(v, block_n, d),
             _descriptor(do, BLOCK_M, d),
             dq_desc, *out_descs, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
