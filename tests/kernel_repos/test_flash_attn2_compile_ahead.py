@@ -194,3 +194,60 @@ def test_the_compiler_hash_is_computed_once_on_the_calling_thread_before_the_poo
     launch.wait(launch.compile_all([(launcher, (x, 32), (16,), 4, 2), (launcher, (x, 33), (64,), 4, 2)]))
     launch.wait(launch.compile_all([(launcher, (x, 1), (16,), 4, 2)]))
     assert calls[0] == threading.current_thread().name and calls[1:] == ["compile"] * 3
+
+
+def test_a_hash_started_in_the_background_is_waited_for_instead_of_computed_again(fake_driver, monkeypatch):
+    # the package starts it when imported with a CUDA build of torch, so that the first call,
+    # cold or from a prepared cache, does not read libtriton itself
+    import triton.runtime.cache as cache
+
+    release = threading.Event()
+    calls = []
+
+    def slow_key():
+        calls.append(threading.current_thread().name)
+        release.wait(5)
+        return "key"
+
+    monkeypatch.setattr(cache, "triton_key", slow_key)
+    monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
+    monkeypatch.setattr(launch, "_HASHING", None)
+    launch.hash_compiler_in_background()
+    hashing = launch._HASHING
+    assert hashing is not None and hashing.daemon
+    launch.hash_compiler_in_background()  # once per process
+    assert launch._HASHING is hashing
+
+    waited = threading.Thread(target=launch._hash_compiler_once)
+    waited.start()
+    waited.join(0.2)
+    assert waited.is_alive()  # the first compile waits for the hash...
+    release.set()
+    waited.join(5)
+    assert not waited.is_alive() and not hashing.is_alive()
+    assert calls == ["flash_attn2-compiler-hash"]  # ...and does not compute it again
+    launch._hash_compiler_once()
+    assert calls == ["flash_attn2-compiler-hash"]
+
+
+def test_no_background_hash_with_the_compile_threads_off(monkeypatch):
+    monkeypatch.setattr(launch, "COMPILE_THREADS", 0)
+    monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
+    monkeypatch.setattr(launch, "_HASHING", None)
+    launch.hash_compiler_in_background()
+    assert launch._HASHING is None
+
+
+def test_a_failing_background_hash_leaves_the_compile_to_raise(fake_driver, monkeypatch):
+    import triton.runtime.cache as cache
+
+    def broken():
+        raise OSError("libtriton unreadable")
+
+    monkeypatch.setattr(cache, "triton_key", broken)
+    monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
+    monkeypatch.setattr(launch, "_HASHING", None)
+    launch.hash_compiler_in_background()
+    launch._HASHING.join(5)
+    launch._hash_compiler_once()  # returns: Triton's compile calls triton_key itself and raises there
+    assert launch._COMPILER_HASHED

@@ -13,12 +13,19 @@ on the GPU) or NotImplementedError (bfloat16 under TRITON_INTERPRET=1), naming t
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple, Union
 
 import torch
 
+from . import _launch
 from ._autograd import attention as _attention
 from ._autograd import decode_heads_first as _decode_heads_first
+
+# a CUDA build of torch will compile or look up kernels: Triton's hash of its compiler, which
+# every such key holds, is computed meanwhile (_launch.hash_compiler_in_background)
+if torch.version.cuda is not None and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    _launch.hash_compiler_in_background()
 
 __all__ = [
     "flash_attn_func",

@@ -144,8 +144,8 @@ class Launcher:
         self._ints: Callable[[tuple], tuple] = _getter(())
         self._plain_ints: Callable[[tuple], tuple] = _getter(())
         self._types: Tuple[type, ...] = ()
-        self._fast = os.environ.get("TRITON_INTERPRET", "0") != "1" and \
-            os.environ.get("FLASH_ATTN2_FAST_LAUNCH", "1") != "0"
+        self._interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        self._fast = not self._interpreted and os.environ.get("FLASH_ATTN2_FAST_LAUNCH", "1") != "0"
         self._check = os.environ.get("FLASH_ATTN2_LAUNCH_CHECK", "0") == "1"
         self._get_device: Callable[[], int] | None = None
         self._get_stream: Callable[[int], int] | None = None
@@ -221,6 +221,8 @@ class Launcher:
         if len(constexprs) != len(self._constexpr_names):
             raise ValueError(f"{self._constexpr_names}: got {len(constexprs)} constexpr values")
         kwargs = dict(zip(self._constexpr_names, constexprs))
+        if not self._interpreted:  # Triton's own path looks the kernel up under a key that holds it
+            _hash_compiler_once()
         compiled = self._fn[grid](*args, num_warps=num_warps, num_stages=num_stages, **self._options, **kwargs)
         if not self._fast or compiled is None:
             return
@@ -268,6 +270,7 @@ class Launcher:
         worker thread. Raises what Triton's compiler raises.
         """
         kwargs = dict(zip(self._constexpr_names, constexprs))
+        _hash_compiler_once()
         compiled = self._fn.warmup(*args, grid=(1, 1, 1), num_warps=num_warps, num_stages=num_stages,
                                    **self._options, **kwargs)
         init = getattr(compiled, "_init_handles", None)
@@ -442,11 +445,43 @@ def _pool() -> ThreadPoolExecutor:
 Job = Tuple[Launcher, tuple, tuple, int, int]  # (launcher, args, constexprs, num_warps, num_stages)
 
 _COMPILER_HASHED = False
+_HASHING: Optional[threading.Thread] = None
+
+
+def _triton_key() -> None:
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return
+    triton_key()
+
+
+def _triton_key_quietly() -> None:
+    try:
+        _triton_key()
+    except Exception:  # the compile that needs it computes it again and raises there
+        pass
+
+
+def hash_compiler_in_background() -> None:
+    """Start computing Triton's hash of its own compiler (see :func:`_hash_compiler_once`) on a
+    daemon thread, once per process; the first compile or cache lookup waits for it.
+
+    Why: every compile's and every cache lookup's key holds that hash (0.3-1.2 s of reading
+    libtriton, the longer from a cold disk), so computed at the first call it sits on the path
+    of the first call, with an empty cache and with a prepared one alike. Started when the
+    package is imported, it runs while the job builds its model. Not started with the compile
+    threads off (``COMPILE_THREADS`` 0). Raises nothing."""
+    global _HASHING
+    if _HASHING is None and not _COMPILER_HASHED and COMPILE_THREADS > 0:
+        _HASHING = threading.Thread(target=_triton_key_quietly, name="flash_attn2-compiler-hash", daemon=True)
+        _HASHING.start()
 
 
 def _hash_compiler_once() -> None:
-    """Compute Triton's hash of its own compiler (``triton.runtime.cache.triton_key``: it reads
-    the whole libtriton library, about 0.3 s) on the calling thread before compile threads start.
+    """Have Triton's hash of its own compiler (``triton.runtime.cache.triton_key``: it reads the
+    whole libtriton library) computed before anything compiles: wait for the thread that
+    :func:`hash_compiler_in_background` started, or compute it on the calling thread.
 
     Why: every compile's cache key holds that hash, and Triton caches it without a lock, so
     threads that compile at once each compute it again, in 1 MB reads that take and release the
@@ -456,11 +491,10 @@ def _hash_compiler_once() -> None:
     if _COMPILER_HASHED:
         return
     _COMPILER_HASHED = True
-    try:
-        from triton.runtime.cache import triton_key
-    except ImportError:
+    if _HASHING is not None:
+        _HASHING.join()
         return
-    triton_key()
+    _triton_key()
 
 
 def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
