@@ -467,8 +467,8 @@ def hash_compiler_in_background() -> None:
     """Start computing Triton's hash of its own compiler (see :func:`_hash_compiler_once`) on a
     daemon thread, once per process; the first compile or cache lookup waits for it.
 
-    Why: every compile's and every cache lookup's key holds that hash (0.3-1.2 s of reading
-    libtriton, the longer from a cold disk), so computed at the first call it sits on the path
+    Why: every compile's and every cache lookup's key holds that hash (about 0.3 s of reading
+    libtriton, more from a cold disk), so computed at the first call it sits on the path
     of the first call, with an empty cache and with a prepared one alike. Started when the
     package is imported, it runs while the job builds its model. Not started with the compile
     threads off (``COMPILE_THREADS`` 0). Raises nothing."""
