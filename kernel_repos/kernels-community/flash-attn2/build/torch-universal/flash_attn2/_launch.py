@@ -451,15 +451,8 @@ _HASHING: Optional[threading.Thread] = None
 def _triton_key() -> None:
     try:
         from triton.runtime.cache import triton_key
-    except ImportError:
-        return
-    triton_key()
-
-
-def _triton_key_quietly() -> None:
-    try:
-        _triton_key()
-    except Exception:  # the compile that needs it computes it again and raises there
+        triton_key()
+    except Exception:  # no such function, or it failed: the compile computes it again and raises there
         pass
 
 
@@ -474,7 +467,7 @@ def hash_compiler_in_background() -> None:
     threads off (``COMPILE_THREADS`` 0). Raises nothing."""
     global _HASHING
     if _HASHING is None and not _COMPILER_HASHED and COMPILE_THREADS > 0:
-        _HASHING = threading.Thread(target=_triton_key_quietly, name="flash_attn2-compiler-hash", daemon=True)
+        _HASHING = threading.Thread(target=_triton_key, name="flash_attn2-compiler-hash", daemon=True)
         _HASHING.start()
 
 
@@ -490,11 +483,12 @@ def _hash_compiler_once() -> None:
     global _COMPILER_HASHED
     if _COMPILER_HASHED:
         return
-    _COMPILER_HASHED = True
     if _HASHING is not None:
         _HASHING.join()
-        return
-    _triton_key()
+    else:
+        _triton_key()
+    # set once the hash is cached: a compile thread that checks meanwhile waits for it too
+    _COMPILER_HASHED = True
 
 
 def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
