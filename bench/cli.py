@@ -174,7 +174,7 @@ def main() -> None:
         + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v) + ".",
         "",
         f"Fresh process per run (interpreter start included), median of {opts.repeat}, warm cache; "
-        "online = the loopback olah Hub. `kernels` 0.17.2 asks only for repo type `kernel`, which olah does not "
+        f"online = the loopback olah Hub. `kernels` {info['versions']['kernels']} asks only for repo type `kernel`, which olah does not "
         "serve, so it is timed on the verbs it can run here. Bytecode is cached for both CLIs, as in an installed "
         "package. huggingface_hub's agent registry (`/api/agent-harnesses`, kept a day in HF_HOME) is written "
         "beforehand, as a machine that used the Hub today has it, because olah answers it with an empty body that "
@@ -182,7 +182,7 @@ def main() -> None:
         "adds to every process. CPU time is the process's user + system time: on this shared 2-CPU box the wall "
         "time also holds the wait for a CPU and for olah's answers.",
         "",
-        "| verb | kernel-loader (s) | its CPU time (s) | kernels 0.17.2 (s) | within 0.5 s |",
+        f"| verb | kernel-loader (s) | its CPU time (s) | kernels {info['versions']['kernels']} (s) | within 0.5 s |",
         "|---|---|---|---|---|",
     ]
     for r in rows:

@@ -4,8 +4,9 @@
 #   bash tests/run.sh [pytest args...]
 #
 # 1. .venv        torch==2.13.0 (the CPU file pip finds on this machine; an unpinned torch would
-#                 pull a multi-GB CUDA build), then -e ".[test]", then kernels==0.17.2 (the
-#                 reference package the lock-format test checks against; not in .[test] because
+#                 pull a multi-GB CUDA build), then -e ".[test]", then kernels==0.19.1 (the
+#                 reference package the lock-format test checks against, and the release transformers
+#                 5.25 requires (>=0.19.1,<0.20); not in .[test] because
 #                 it needs huggingface_hub>=1.10, which transformers 4.57 cannot have);
 #                 runs `python -m pytest ARGS`.
 # 2. .venv-olah   olah==0.5.4, the loopback Hub the tests start (tests/hub_server.py); its own
@@ -24,7 +25,7 @@ cd "$ROOT"
 
 TORCH_PIN="torch==2.13.0"
 OLAH_PIN="olah==0.5.4"
-KERNELS_PIN="kernels==0.17.2"
+KERNELS_PIN="kernels==0.19.1"
 TF457_PINS=("transformers==4.57.*" "huggingface_hub<1")
 
 # torch's CPU file is built for CPython 3.11; prefer that interpreter when it is there.

@@ -5,7 +5,7 @@ The builders follow transformers' ``masking_utils``: they read the implementatio
 registered under that name in ``ALL_MASK_ATTENTION_FUNCTIONS``. A user-built 4D mask is returned
 untouched.
 
-They take every keyword transformers' builders take in 4.57 and 5.17-5.24: ``cache`` or its
+They take every keyword transformers' builders take in 4.57 and 5.17-5.25: ``cache`` or its
 other name ``past_key_values``, ``inputs_embeds`` or 4.57's ``input_embeds``, 4.57's
 ``cache_position``, ``block_sequence_ids``, ``layer_idx`` (None: the first layer of the right
 kind in a hybrid cache). Every public builder turns its keywords into one :class:`MaskOptions`
@@ -251,19 +251,19 @@ def build_mask(
     batch_size = embeds.shape[0]
     mask_function, custom = _combine(base, options)
     allow_skip = options.allow_skip and not custom
+    # Packed sequences (several sequences in one row, found from position_ids) only when there is
+    # no padding mask and no cache: the training layout (bidirectional builders too, from 5.25)
+    position_ids = options.position_ids
+    packed = None
+    if position_ids is not None and attention_mask is None and cache is None and not options.past_key_values_length:
+        position_ids = position_ids.expand(batch_size, -1)
+        packed = find_packed_sequence_indices(position_ids)
+    if packed is not None:
+        mask_function = remap_positions_for_packed_sequence(mask_function, position_ids)
+        allow_skip = False
     if options.causal:
         # a compiled decode step must see the same graph every step
         allow_skip = allow_skip and not (getattr(cache, "is_compileable", False) and q_length == 1)
-        # Packed sequences (several sequences in one row, found from position_ids) only when there
-        # is no padding mask and no cache: the training layout.
-        position_ids = options.position_ids
-        packed = None
-        if position_ids is not None and attention_mask is None and cache is None and not options.past_key_values_length:
-            position_ids = position_ids.expand(batch_size, -1)
-            packed = find_packed_sequence_indices(position_ids)
-        if packed is not None:
-            mask_function = remap_positions_for_packed_sequence(mask_function, position_ids)
-            allow_skip = False
         if options.block_sequence_ids is not None:
             blocks = options.block_sequence_ids.to(inputs_embeds.device)
             missing = kv_length + kv_offset - blocks.shape[-1]
@@ -271,8 +271,9 @@ def build_mask(
                 blocks = torch.nn.functional.pad(blocks, (0, missing), value=-1)
             mask_function = or_masks(mask_function, blockwise_overlay(blocks))
             allow_skip = False
-        if packed is not None:
-            mask_function = and_masks(mask_function, packed_sequence_mask_function(packed))
+    if packed is not None:
+        mask_function = and_masks(mask_function, packed_sequence_mask_function(packed))
+    if options.causal:
         skips = {"allow_is_causal_skip": allow_skip}
     else:
         skips = {"allow_is_causal_skip": False, "allow_is_bidirectional_skip": allow_skip}
@@ -302,7 +303,7 @@ def _config_int(config: Any, attr: str, builder: str) -> int:
 def _inputs(
     builder: str, inputs_embeds: Any, input_embeds: Any, cache: Any, past_key_values: Any, required: bool = True
 ) -> tuple[Any, Any]:
-    """``inputs_embeds`` and ``cache`` from either of their names (transformers 4.57 / 5.17 / 5.24).
+    """``inputs_embeds`` and ``cache`` from either of their names (transformers 4.57 / 5.17 / 5.24 / 5.25).
 
     Raises:
         TypeError: neither name of the inputs was given, or both names of one argument with
@@ -472,6 +473,7 @@ def create_bidirectional_mask(
     or_mask_function: MaskFunction | None = None,
     and_mask_function: MaskFunction | None = None,
     allow_is_bidirectional_skip: bool = True,
+    position_ids: torch.Tensor | None = None,
     *,
     past_key_values: Any = None,
     input_embeds: torch.Tensor | None = None,
@@ -481,7 +483,8 @@ def create_bidirectional_mask(
     """Full (encoder) attention, masking only padded keys.
 
     ``encoder_hidden_states`` sets the batch size, key length and dtype for cross-attention.
-    Returns None when nothing needs masking and the backend allows it (sdpa, eager: no padding,
+    ``position_ids`` whose positions restart mark packed sequences (without a padding mask and a
+    cache), each attending only to itself, as in transformers 5.25. Returns None when nothing needs masking and the backend allows it (sdpa, eager: no padding,
     no custom predicate). Other keywords are accepted and ignored, as transformers does.
 
     Raises:
@@ -492,7 +495,7 @@ def create_bidirectional_mask(
     options = MaskOptions(
         causal=False, cache=cache, encoder_hidden_states=encoder_hidden_states, or_mask_function=or_mask_function,
         and_mask_function=and_mask_function, past_key_values_length=past_key_values_length,
-        allow_skip=allow_is_bidirectional_skip,
+        allow_skip=allow_is_bidirectional_skip, position_ids=position_ids,
     )
     return build_mask(bidirectional_mask_function, config, inputs_embeds, attention_mask, options)
 
@@ -506,6 +509,7 @@ def create_bidirectional_sliding_window_mask(
     or_mask_function: MaskFunction | None = None,
     and_mask_function: MaskFunction | None = None,
     allow_is_bidirectional_skip: bool = True,
+    position_ids: torch.Tensor | None = None,
     *,
     past_key_values: Any = None,
     input_embeds: torch.Tensor | None = None,
@@ -524,7 +528,7 @@ def create_bidirectional_sliding_window_mask(
     options = MaskOptions(
         causal=False, cache=cache, encoder_hidden_states=encoder_hidden_states, or_mask_function=or_mask_function,
         and_mask_function=and_mask_function, past_key_values_length=past_key_values_length, sliding_layers=True,
-        allow_skip=allow_is_bidirectional_skip, local_size=window,
+        allow_skip=allow_is_bidirectional_skip, local_size=window, position_ids=position_ids,
     )
     return build_mask(sliding_window_bidirectional_mask_function(window), config, inputs_embeds, attention_mask, options)
 

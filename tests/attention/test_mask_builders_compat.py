@@ -1,8 +1,9 @@
-"""The builders take transformers' mask API keyword for keyword (4.57, 5.17-5.24) and mean the same.
+"""The builders take transformers' mask API keyword for keyword (4.57, 5.17-5.25) and mean the same.
 
 Where transformers is installed its own builders are the oracle: the same call must give the
 same tensor. The keyword lists of 4.57.0 and 5.17.0 were read from those releases'
-``masking_utils.py`` (their ``create_*`` signatures).
+``masking_utils.py`` (their ``create_*`` signatures); 5.25 added ``position_ids`` to the
+bidirectional builders.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ CAUSAL_517 = {"config", "inputs_embeds", "attention_mask", "past_key_values", "p
               "and_mask_function", "block_sequence_ids", "layer_idx", "allow_is_causal_skip"}
 BIDIRECTIONAL_517 = {"config", "inputs_embeds", "attention_mask", "encoder_hidden_states", "past_key_values",
                      "or_mask_function", "and_mask_function", "allow_is_bidirectional_skip"}
+BIDIRECTIONAL_525 = BIDIRECTIONAL_517 | {"position_ids"}
 RELEASE_KEYWORDS = {
     "create_causal_mask": CAUSAL_457 | CAUSAL_517,
     "create_sliding_window_causal_mask": CAUSAL_457 | CAUSAL_517,
     "create_chunked_causal_mask": CAUSAL_457 | CAUSAL_517,
-    "create_bidirectional_mask": BIDIRECTIONAL_517,
-    "create_bidirectional_sliding_window_mask": BIDIRECTIONAL_517,
+    "create_bidirectional_mask": BIDIRECTIONAL_525,
+    "create_bidirectional_sliding_window_mask": BIDIRECTIONAL_525,
     "create_recurrent_attention_mask": {"config", "inputs_embeds", "attention_mask", "past_key_values"},
     "create_masks_for_generate": (CAUSAL_457 | CAUSAL_517) - {"layer_idx", "allow_is_causal_skip"},
 }
@@ -149,6 +151,30 @@ def test_bidirectional_cross_attention_sizes_from_the_encoder():
     assert ours.shape == (2, 1, 3, 5) and ours.dtype == torch.float64
     assert torch.equal(ours, transformers_masks.create_bidirectional_mask(
         _config("eager"), torch.zeros(2, 3, 8), pad, encoder_hidden_states=enc))
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_bidirectional_packed_sequences_from_position_ids_like_transformers(backend):
+    # two rows, each two sequences (positions restart); a window of 1 restarts with each of them
+    pos = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]])
+    x = torch.zeros(2, 5, 8)
+    cfg = _config(backend, sliding_window=1)
+    full = mask_builders.create_bidirectional_mask(cfg, x, None, position_ids=pos)
+    window = mask_builders.create_bidirectional_sliding_window_mask(cfg, x, None, position_ids=pos)
+    if backend == "eager":  # additive: 0 where allowed
+        full, window = full == 0, window == 0
+    assert torch.equal(full[0, 0], grid(["11100", "11100", "11100", "00011", "00011"]))
+    assert torch.equal(full[1, 0], grid(["11000", "11000", "00111", "00111", "00111"]))
+    assert torch.equal(window[0, 0], grid(["11000", "11100", "01100", "00011", "00011"]))
+    # one sequence per row: nothing to mask, the skip stays allowed
+    assert mask_builders.create_bidirectional_mask(cfg, x, None, position_ids=torch.arange(5)[None]) is None
+    # a padding mask or a cache turns the detection off, as in transformers
+    padded = mask_builders.create_bidirectional_mask(_config(), x, torch.ones(2, 5, dtype=torch.long), position_ids=pos)
+    assert padded is None
+    if "position_ids" in _named(transformers_masks.create_bidirectional_mask):  # 5.25 and later
+        for name in ("create_bidirectional_mask", "create_bidirectional_sliding_window_mask"):
+            theirs = getattr(transformers_masks, name)(cfg, x, None, position_ids=pos)
+            assert torch.equal(getattr(mask_builders, name)(cfg, x, None, position_ids=pos), theirs)
 
 
 def test_a_paged_cache_needs_no_mask():

@@ -134,9 +134,13 @@ def test_falcon_flash_attention_2_runs_on_the_kernel(flash_attn_stand_in, new_de
         new_decoder_architecture=new_decoder_architecture, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     reference, flash = build_pair(transformers.FalconForCausalLM, config, "sdpa")
-    assert isinstance(flash.transformer.h[0].self_attention, modeling_falcon.FalconFlashAttention2)
+    if hasattr(modeling_falcon, "FalconFlashAttention2"):  # up to 5.24: a flash class of its own
+        assert isinstance(flash.transformer.h[0].self_attention, modeling_falcon.FalconFlashAttention2)
+    else:  # 5.25: one attention class on transformers' attention interface
+        assert flash.config._attn_implementation == "flash_attention_2"
     assert_same_prefill_and_decode(reference, flash)
-    assert flash_attn_stand_in.get("flash_attn_varlen_func", 0) >= 4
+    calls = flash_attn_stand_in.get("flash_attn_varlen_func", 0) + flash_attn_stand_in.get("flash_attn_func", 0)
+    assert calls >= 4  # prefill + decode, 2 layers
 
 
 def test_bark_flash_attention_2_runs_on_the_kernel(flash_attn_stand_in):

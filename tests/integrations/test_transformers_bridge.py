@@ -348,7 +348,7 @@ def test_kernels_package_absent_and_the_environment_switch(tmp_path):
 # version check
 
 
-@pytest.mark.parametrize("version", ["5.30.0", "5.16.2", "4.56.2", "6.0.0", "5.25.0.dev0"])
+@pytest.mark.parametrize("version", ["5.30.0", "5.16.2", "4.56.2", "6.0.0", "5.26.0.dev0"])
 def test_unsupported_transformers_version_is_refused(monkeypatch, version):
     monkeypatch.setattr(klt, "_installed_transformers_version", lambda: version)
     with pytest.raises(UnsupportedTransformersVersionError) as info:
@@ -372,7 +372,7 @@ def test_missing_transformers_and_the_override(monkeypatch, caplog):
         klt.disable()
 
 
-@pytest.mark.parametrize("version", ["4.57.0", "4.57.6", "5.17.0", "5.24.0", transformers.__version__])
+@pytest.mark.parametrize("version", ["4.57.0", "4.57.6", "5.17.0", "5.24.0", "5.25.0", transformers.__version__])
 def test_supported_versions_are_accepted(monkeypatch, version):
     monkeypatch.setattr(klt, "_installed_transformers_version", lambda: version)
     klt.enable()
@@ -380,6 +380,21 @@ def test_supported_versions_are_accepted(monkeypatch, version):
         assert klt.is_enabled()
     finally:
         klt.disable()
+
+
+def test_the_install_extras_stop_at_the_supported_range():
+    # pip must not hand a user (or CI) a transformers release that enable() refuses
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    newest = klt._SUPPORTED_5X[1]
+    for extra in ("transformers", "test"):
+        spec = next(Requirement(r).specifier for r in project["optional-dependencies"][extra]
+                    if Requirement(r).name == "transformers")
+        assert spec.contains("4.57.0") and spec.contains("5.17.0") and spec.contains(f"5.{newest}.0")
+        assert not spec.contains(f"5.{newest + 1}.0"), f"the {extra} extra admits transformers 5.{newest + 1}"
 
 
 # ---------------------------------------------------------------------------------------------

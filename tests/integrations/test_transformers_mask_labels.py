@@ -26,7 +26,7 @@ def flash_name():
 
 
 _ON_4 = __import__("transformers").__version__.startswith("4.")
-#: These paths are verified on transformers 5.17-5.24; 4.57 differs (see docs/transformers.md).
+#: These paths are verified on transformers 5.17-5.25; 4.57 differs (see docs/transformers.md).
 needs_transformers_5 = pytest.mark.skipif(_ON_4, reason="transformers 4.57 lacks this 5.x path: its mask builders take other arguments (no block_sequence_ids, packed-sequence helpers)")
 
 @needs_transformers_5

@@ -1,7 +1,7 @@
 """The padded batches transformers' continuous batching builds when CUDA graphs are on, through the
 shipped kernel's ``flash_attn_with_kvcache`` and ``flash_attn_varlen_func``.
 
-With graphs on, transformers (5.17-5.24) pads every batch to a fixed size. A decode batch of n
+With graphs on, transformers (5.17-5.25) pads every batch to a fixed size. A decode batch of n
 requests becomes a power of two rows; a padding row has ``cache_seqlens = -1`` (its
 ``cu_seq_lens_k`` entries repeat, and transformers subtracts the new token) and a block-table row
 of -1, and the real rows' unused block-table columns are -1 too. A prefill (varlen) batch gets

@@ -13,7 +13,7 @@ through kernel_loader instead -- whether ``kernels`` is installed or not::
 The automatic switch: with ``KERNEL_LOADER_TRANSFORMERS=1`` in the environment, importing this
 module enables the bridge.
 
-How it hooks in. Every version in the supported range (4.57.x, 5.17 to 5.24) decides a model's
+How it hooks in. Every version in the supported range (4.57.x, 5.17 to 5.25) decides a model's
 attention implementation in one method, ``PreTrainedModel._check_and_adjust_attn_implementation``
 (called by ``__init__`` -- hence ``from_pretrained`` / ``from_config`` -- and by
 ``set_attn_implementation``). The bridge wraps that method: a kernel id, or ``flash_attention_2`` /
@@ -57,8 +57,8 @@ __all__ = [
 #: The environment variable that enables the bridge when this module is imported.
 ENV_SWITCH = "KERNEL_LOADER_TRANSFORMERS"
 #: The transformers versions whose internals the bridge was written and tested against.
-SUPPORTED_RANGE = "4.57.x, or 5.17 up to and including 5.24"
-_SUPPORTED_5X = (17, 24)
+SUPPORTED_RANGE = "4.57.x, or 5.17 up to and including 5.25"
+_SUPPORTED_5X = (17, 25)
 
 _lock = threading.RLock()
 
@@ -90,7 +90,7 @@ def _flavor_for(version_text: str | None) -> str:
     """
     from packaging.version import InvalidVersion, Version
 
-    fix = "pip install 'transformers>=5.17,<5.25'  (or 'transformers==4.57.*')"
+    fix = "pip install 'transformers>=5.17,<5.26'  (or 'transformers==4.57.*')"
     if version_text is None:
         raise UnsupportedTransformersVersionError(
             f"The transformers bridge needs transformers ({SUPPORTED_RANGE}), which is not installed. "
