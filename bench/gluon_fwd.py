@@ -7,7 +7,7 @@ recycled-NaN output memory, float64 reference): out and lse on ragged lengths,
 seqlen_q != seqlen_k (bottom-right causal), rows with no key, GQA, transformers' ``[B, H, S, D]``
 view; then the gradients of ``flash_attn_func`` with the dispatched Gluon forward under the Triton
 backward. Then times bf16, 16 heads, head dims 64/128/256, 1k/4k/16k at 16k tokens per batch,
-causal and not (forward = 4·B·H·S²·D FLOPs, halved when causal), median of
+causal and not (forward = 4·B·H·S²·D FLOPs, halved when causal), the median over interleaved rounds of
 ``triton.testing.do_bench``; each provider in its native layout::
 
     PYTHONPATH=. python3 bench/gluon_fwd.py [--out DIR] [--commit SHA]   # sm90 GPU, Triton 3.6
@@ -38,6 +38,11 @@ KERNELS[128].update(gluon_n128=dict(tile=(128, 2)), gluon_n64=dict(tile=(64, 4))
 # tile) with 128- and 64-key blocks, beside the shipped two (gluon_fwd_d64_tiles.md has the
 # 256-key and 2-stage tiles with two)
 KERNELS[64].update(gluon_c3=dict(consumers=3), gluon_c3n64=dict(consumers=3, tile=(64, 4)))
+# every head dim: K and V of a ring slot handed back in one arrival once P·V of that block is done
+# (_gluon_fwd.KV_TOGETHER), beside the shipped K-after-S / V-after-P·V arrivals; and the two
+# consumers taking turns issuing their matmuls (FlashAttention-3's ping-pong, _gluon_fwd.PINGPONG)
+for _d in HEAD_DIMS:
+    KERNELS[_d].update(gluon_kvt=dict(kv_together=True), gluon_pp=dict(pingpong=True))
 
 
 def fwd_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:
@@ -249,12 +254,12 @@ def timing(gf, fwd) -> list:
                         with sdpa_kernel(backend):
                             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale)
                     provs[name] = run
-                for name, fn in provs.items():
-                    try:
-                        row[name] = flops / harness.time_us(fn) / 1e6
-                    except Exception as exc:  # a backend SDPA lacks for this shape
-                        row[name] = None
-                        row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                # interleaved rounds: a clock ramp or heat falls on every provider alike
+                medians, errors, _ = harness.interleaved_us(provs)
+                for name in provs:
+                    row[name] = flops / medians[name] / 1e6 if name in medians else None
+                    if name in errors:  # a backend SDPA lacks for this shape
+                        row[name + "_error"] = errors[name]
                 best = max((n for n in KERNELS[d] if row.get(n)), key=lambda n: row[n], default=None)
                 row["best"] = best
                 if best and row.get("cudnn"):

@@ -97,6 +97,10 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(QBUF=gf.q_buffers(head_dim, block_n, stages), PERSISTENT=True)
     if "CONSUMERS" in fn.arg_names:  # packages whose forward takes 2 or 3 consumer warpgroups
         consts.update(CONSUMERS=2)
+    if "KV_TOGETHER" in fn.arg_names:  # packages whose forward can hand K and V back together
+        consts.update(KV_TOGETHER=head_dim in gf.KV_TOGETHER)
+    if "PINGPONG" in fn.arg_names:  # packages whose consumers can take turns issuing their matmuls
+        consts.update(PINGPONG=head_dim in gf.PINGPONG)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

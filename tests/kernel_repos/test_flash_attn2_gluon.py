@@ -223,6 +223,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 import _fa2_sm90._gluon_fwd as gf
 
 head_dim, causal, varlen, consumers = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5])
+together = head_dim in gf.KV_TOGETHER  # the shipped choices
+pingpong = head_dim in gf.PINGPONG and consumers == 2
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -239,7 +241,7 @@ types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o
              o_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
 constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages, consumers),
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
-                 CONSUMERS=consumers)
+                 CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}

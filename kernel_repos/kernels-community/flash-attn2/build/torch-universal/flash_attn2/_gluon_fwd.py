@@ -111,6 +111,15 @@ REGS = (240, 24, 168)
 REGS_3 = (160, 24, 128)
 # head_dim -> consumer warpgroups (64 query rows each) per program; 2 where not listed
 CONSUMERS: dict = {}
+# head dims whose consumers hand a ring slot's K and V back in one arrival, once P·V of that block
+# is done, instead of K after its S and V after its P·V: one mbarrier arrival a step fewer, and
+# with it one of the three warpgroup barriers (bar.sync) Gluon puts before each arrival and after
+# it; a K slot is then held a step longer
+KV_TOGETHER: frozenset = frozenset()
+# head dims whose two consumers take turns issuing their matmuls (FlashAttention-3's ping-pong:
+# one waits for the other to have issued S_j and P_{j-1} V_{j-1} before issuing its own, so one
+# warpgroup's softmax runs under the other's matmuls); two consumers only
+PINGPONG: frozenset = frozenset()
 
 
 @gluon.jit
@@ -198,7 +207,7 @@ def _key_blocks(off_m, seqlen_q, seqlen_k, TILE_M: gl.constexpr, BLOCK_N: gl.con
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
               seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k, CAUSAL: gl.constexpr,
               VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
-              CONSUMERS: gl.constexpr):
+              CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -231,7 +240,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
             _tma_load(k_desc, [tb, k_row0 + (j + 1) * BLOCK_N, hk, 0], k_ready.index(slot),
                       k_smem.index(slot).reshape([1, BLOCK_N, 1, HEAD_DIM]), pred=more)
             vslot = (c + j) % STAGES
-            mbarrier.wait(v_empty.index(vslot), (((c + j) // STAGES) & 1) ^ 1)
+            if not KV_TOGETHER:  # together: the wait for K_j's slot freed V_j's as well
+                mbarrier.wait(v_empty.index(vslot), (((c + j) // STAGES) & 1) ^ 1)
             mbarrier.expect(v_ready.index(vslot), v_desc.block_type.nbytes)
             _tma_load(v_desc, [tb, k_row0 + j * BLOCK_N, hk, 0], v_ready.index(vslot),
                       v_smem.index(vslot).reshape([1, BLOCK_N, 1, HEAD_DIM]))
@@ -239,9 +249,23 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
 
 
 @gluon.jit
-def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0, diag,
+def _take_turn(turns, r, W: gl.constexpr):
+    """Wait until the other consumer has issued its matmuls of ring position r-1 (W=0) or r (W=1).
+
+    Each consumer's barrier completes one phase per arrival of the other; an mbarrier starts with
+    the phase before 0 complete, so the first consumer's first wait passes at once.
+    """
+    if W == 0:
+        mbarrier.wait(turns.index(0), (r & 1) ^ 1)
+    else:
+        mbarrier.wait(turns.index(1), r & 1)
+
+
+@gluon.jit
+def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0, diag,
           seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
-          CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr):
+          CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, KV_TOGETHER: gl.constexpr, W: gl.constexpr,
+          PINGPONG: gl.constexpr):
     """Key block j (ring position c + j) for one consumer: S_j, then P_{j-1} V_{j-1} beside the
     softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
@@ -249,32 +273,42 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m
     r = c + j
     slot = r % STAGES
     mbarrier.wait(k_ready.index(slot), (r // STAGES) & 1)
+    if PINGPONG:
+        _take_turn(turns, r, W)
     s_tok = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout),
                           use_acc=False, is_async=True)
     if HAS_PREV:
         pslot = (r - 1) % STAGES
         mbarrier.wait(v_ready.index(pslot), ((r - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(pslot), acc, is_async=True)
+        if PINGPONG:  # both matmuls issued: the other consumer's turn
+            mbarrier.arrive(turns.index(1 - W))
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
     else:
+        if PINGPONG:
+            mbarrier.arrive(turns.index(1 - W))
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
-    mbarrier.arrive(k_empty.index(slot))
+    if not KV_TOGETHER:
+        mbarrier.arrive(k_empty.index(slot))
     pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, row0, diag, seqlen_k, qk_scale, s_layout, ROWS, BLOCK_N, MASK,
                                      CAUSAL)
     if HAS_PREV:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index((r - 1) % STAGES))
+        if KV_TOGETHER:  # block j-1's K and V slot in one arrival
+            mbarrier.arrive(k_empty.index((r - 1) % STAGES))
+        else:
+            mbarrier.arrive(v_empty.index((r - 1) % STAGES))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
     return acc, p, m_new, l_i
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc, o_ptr, stride_on,
+def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc, o_ptr, stride_on,
               stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n, cu_seqlens_q,
               cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
-              CONSUMERS: gl.constexpr):
+              CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -309,26 +343,36 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         p = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-        acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0,
-                                 diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False)
+        acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
+                                 diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG)
         for j in range(1, n_full):
-            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
-                                     row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True)
+            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
+                                     row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER, W, PINGPONG)
         for j in range(gl.maximum(n_full, 1), my_end):
-            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i,
-                                     row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True)
+            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
+                                     row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG)
         last = c + my_end - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index(last % STAGES))
+        if KV_TOGETHER:
+            mbarrier.arrive(k_empty.index(last % STAGES))
+        else:
+            mbarrier.arrive(v_empty.index(last % STAGES))
         # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase
         # order) and hand it back untouched
         for j in range(c + my_end, c + n_end):
+            if PINGPONG:  # the other consumer counts on one turn per ring position
+                _take_turn(turns, j, W)
+                mbarrier.arrive(turns.index(1 - W))
             mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
-            mbarrier.arrive(k_empty.index(j % STAGES))
+            if not KV_TOGETHER:
+                mbarrier.arrive(k_empty.index(j % STAGES))
             mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
-            mbarrier.arrive(v_empty.index(j % STAGES))
+            if KV_TOGETHER:
+                mbarrier.arrive(k_empty.index(j % STAGES))
+            else:
+                mbarrier.arrive(v_empty.index(j % STAGES))
         c += n_end
 
         empty = l_i == 0.0
@@ -364,7 +408,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, heads, group, n_m, n_tiles, qk_scale,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
-                    PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):
+                    PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
+                    PINGPONG: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -397,6 +442,10 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if PINGPONG:
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    else:
+        turns = q_ready  # never used: no barrier added, shared memory laid out as without turns
     for w in gl.static_range(CONSUMERS * QBUF):
         mbarrier.init(q_ready.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
@@ -405,6 +454,9 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=CONSUMERS)
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    if PINGPONG:
+        for w in gl.static_range(2):
+            mbarrier.init(turns.index(w), count=1)
     fence_async_shared()
 
     if live:
@@ -414,35 +466,35 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
             # three 64-row consumers (FlashAttention-3's head_dim 64 tile): each K/V block serves
             # 192 query rows, and a third warpgroup's matmuls cover the other two's softmax
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS)),
-                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False)),
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS)),
-                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False)),
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
-                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS)),
+                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS)),
-                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, o_desc,
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG)),
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
-                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS)),
+                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -563,6 +615,8 @@ def gluon_attention_forward(
     max_seqlen_q: Optional[int] = None,
     persistent: Optional[bool] = None,
     consumers: Optional[int] = None,
+    kv_together: Optional[bool] = None,
+    pingpong: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -613,7 +667,8 @@ def gluon_attention_forward(
     )
     regs = REGS if consumers == 2 else REGS_3
     constexprs = (bool(causal), store_lse, stages, q_buffers(head_dim, block_n, stages, consumers), regs[0], regs[1],
-                  varlen, persistent, consumers)
+                  varlen, persistent, consumers, head_dim in KV_TOGETHER if kv_together is None else bool(kv_together),
+                  head_dim in PINGPONG if pingpong is None else bool(pingpong))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
