@@ -28,6 +28,24 @@ def _per_key_pages(decode, call):
         decode.PRELOAD_MAX = saved
 
 
+def inputs(ctx: int) -> tuple:
+    """One decode step's tensors at ``ctx`` keys: q, the dense k / v cache, the lengths, and the
+    same keys scattered over pages in random order with their block table (kp, vp, table)."""
+    import torch
+
+    q = torch.randn(BATCH, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(BATCH, ctx, HK, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((BATCH,), ctx, dtype=torch.int32, device="cuda")
+    pages = ctx // PAGE
+    perm = torch.randperm(BATCH * pages, device="cuda")
+    kp = torch.empty(BATCH * pages, PAGE, HK, D, device="cuda", dtype=torch.bfloat16)
+    vp = torch.empty_like(kp)
+    kp[perm] = k.view(BATCH * pages, PAGE, HK, D)
+    vp[perm] = v.view(BATCH * pages, PAGE, HK, D)
+    return q, k, v, lens, kp, vp, perm.view(BATCH, pages).to(torch.int32)
+
+
 def main() -> None:
     parser = harness.arguments(__doc__, baseline=True)
     args = parser.parse_args()
@@ -40,17 +58,7 @@ def main() -> None:
     rows = []
     for ctx in CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
-        q = torch.randn(BATCH, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(BATCH, ctx, HK, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        lens = torch.full((BATCH,), ctx, dtype=torch.int32, device="cuda")
-        pages = ctx // PAGE
-        perm = torch.randperm(BATCH * pages, device="cuda")
-        kp = torch.empty(BATCH * pages, PAGE, HK, D, device="cuda", dtype=torch.bfloat16)
-        vp = torch.empty_like(kp)
-        kp[perm] = k.view(BATCH * pages, PAGE, HK, D)  # the same keys, scattered over pages
-        vp[perm] = v.view(BATCH * pages, PAGE, HK, D)
-        table = perm.view(BATCH, pages).to(torch.int32)
+        q, k, v, lens, kp, vp, table = inputs(ctx)
         runs = {}
         for name, fa in kernels.items():
             runs[f"{name}_contiguous"] = lambda fa=fa: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
