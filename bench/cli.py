@@ -1,13 +1,13 @@
-"""CLI response times: each `kernel-loader` verb beside the `kernels` 0.17 CLI, in one run.
+"""CLI response times: each `kernel-loader` verb beside the `kernels` CLI, in one run.
 
 Every timing is a fresh process started from the console script (interpreter start included),
 median of --repeat runs, on a warm cache: the shipped flash-attn2 repo is served by the test
 suite's loopback olah Hub, downloaded and locked first. ``explain`` and ``variants`` are timed
 online (against the loopback Hub) and offline (HF_HUB_OFFLINE=1, from the cache).
 
-`kernels` 0.17.2 asks the Hub only for repo type ``kernel``, which olah does not serve, so its
-Hub verbs (``versions``, ``lock``, ``download``) cannot run here; it is timed on what it can do
-offline: ``--help`` and ``info <local folder>``.
+`kernels` (0.17 and 0.19) asks the Hub for repo type ``kernel`` (``/api/kernels/...``), which
+olah does not serve, so its Hub verbs (``versions``, ``variants``, ``lock``, ``download``) cannot
+run here; it is timed on what it can do offline: ``--help`` and ``info <local folder>``.
 
 Both CLIs run as installed packages do: with their bytecode cached (``PYTHONPYCACHEPREFIX`` in
 the temp folder, one untimed run per command first), so neither recompiles its modules in every
@@ -174,8 +174,8 @@ def main() -> None:
         + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v) + ".",
         "",
         f"Fresh process per run (interpreter start included), median of {opts.repeat}, warm cache; "
-        f"online = the loopback olah Hub. `kernels` {info['versions']['kernels']} asks only for repo type `kernel`, which olah does not "
-        "serve, so it is timed on the verbs it can run here. Bytecode is cached for both CLIs, as in an installed "
+        f"online = the loopback olah Hub. `kernels` {info['versions']['kernels']} asks the Hub for repo type `kernel`, which olah "
+        "does not serve, so it is timed on the verbs it can run here. Bytecode is cached for both CLIs, as in an installed "
         "package. huggingface_hub's agent registry (`/api/agent-harnesses`, kept a day in HF_HOME) is written "
         "beforehand, as a machine that used the Hub today has it, because olah answers it with an empty body that "
         "huggingface_hub does not keep; the row marked \"agent registry not kept\" shows the round trip it then "

@@ -14,8 +14,9 @@ kernel imports torch too; median of --repeat runs):
 * kernels/local -- ``kernels.get_local_kernel(path)``.
 * memoized    -- a repeated call in one process (µs per call), both packages.
 * cold fetch  -- ``get_kernel(repo, version=1)`` from the loopback olah server into an empty
-  cache (kernel_loader only: `kernels` 0.17 asks only for repo type ``kernel``, which olah does
-  not serve, so there is nothing to compare it with).
+  cache (kernel_loader only: `kernels` 0.17 asks only for repo type ``kernel`` and 0.19 first for
+  ``/api/organizations/<org>/overview``, its publisher check; olah serves neither, so there is
+  nothing to compare it with).
 
 Overhead = scenario - direct. The repo is the shipped flash-attn2 copied to a temp folder (both
 packages read its metadata.json as shipped; only its module ``id`` is renamed so the direct
@@ -279,7 +280,8 @@ def main() -> None:
         "",
         f"Memoized call: kernel_loader {ours_memo * 1e6:.2f} µs, kernels {kernels_memo * 1e6:.1f} µs.",
         f"Cold fetch from loopback olah (empty cache, `version=1`): kernel_loader {statistics.median(cold) * 1e3:.0f} ms "
-        "(includes the module import); kernels: not comparable (asks only for repo type `kernel`, which olah does not serve).",
+        "(includes the module import); kernels: not comparable (0.17 asks only for repo type `kernel`, 0.19 first for "
+        "`/api/organizations/<org>/overview`, its publisher check: olah serves neither).",
         "",
         "Targets: <= 50 ms over the direct import, <= 10 µs memoized.",
         "",
