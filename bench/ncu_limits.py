@@ -26,7 +26,6 @@ import tempfile
 from pathlib import Path
 
 import harness
-from decode import BATCH, D, HK, HQ, PAGE  # the decode shape of bench/decode.py
 
 # case -> what one call computes; providers: "ours" (the default call), "ours_gluon" (the Gluon
 # forward called directly, where the dispatch keeps Triton), "ours_contiguous" (decode on a dense
@@ -41,7 +40,6 @@ CASES = {
     "decode-paged-32k": dict(kind="decode", ctx=32768, providers=("ours", "ours_contiguous", "cudnn")),
 }
 TOKENS = 16384  # per forward batch, as in bench/attention.py
-DECODE = dict(batch=BATCH, hq=HQ, hk=HK, d=D, page=PAGE)
 
 # metric (raw page name) -> result key; the first name present wins where several are listed
 METRICS = {
@@ -194,6 +192,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2], sys.argv[3])
         return
+    # bench/decode.py's shape, imported here: the raw-page reading above needs neither it nor SDPA
+    from decode import BATCH, D, HK, HQ, PAGE
+
     parser = harness.arguments(__doc__)
     parser.add_argument("--raw", type=Path, default=None, help="keep each report's raw CSV page here")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
@@ -224,8 +225,8 @@ def main() -> None:
         columns=columns, out_dir=args.out, commit=args.commit, extra=dict(failures=failures),
         notes=[f"One call per provider after three warm ones, every kernel of it profiled (`ncu --clock-control none "
                f"--profile-from-start off`, sections {', '.join(SECTIONS)}). Forward: bf16, {TOKENS} tokens per "
-               f"batch; decode: batch {DECODE['batch']}, GQA {DECODE['hq']}/{DECODE['hk']}, head_dim {DECODE['d']}, "
-               f"{DECODE['page']}-key pages in random order ('ours_contiguous': the same keys in a dense cache; cuDNN "
+               f"batch; decode: batch {BATCH}, GQA {HQ}/{HK}, head_dim {D}, "
+               f"{PAGE}-key pages in random order ('ours_contiguous': the same keys in a dense cache; cuDNN "
                "reads the dense cache). Pipe figures are shares of each pipe's peak over the cycles the SMs were "
                "active; 'main' marks a call's longest kernel."])
     print(path.read_text())
