@@ -46,10 +46,13 @@ Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3'
   still leaves through the first. At 1k tokens that measured 1.12x the same kernel launched
   one program per tile, what packed calls keep (their tiles' lengths are known only on the GPU).
 
-Measured and not kept (``bench/NOTES.md``, ``bench/results/gluon_fwd.md``): one partition of
+Measured and not kept (``bench/NOTES.md``, ``bench/results/gluon_fwd*.md``): one partition of
 two warpgroups that issue their own copies behind a CTA barrier per step (0.84-0.88x this
-kernel); FlashAttention-3's ping-pong turns between the consumers (within +-3 %, no clear
-gain); launching the longest causal row blocks first (slower at 1k and 4k); at head_dim 64 this kernel is slower than the Triton forward, which keeps that head dim.
+kernel); FlashAttention-3's ping-pong turns between the consumers (:data:`PINGPONG`: 0.96-0.99x
+at head_dim 64, mixed at 128); K and V of a slot handed back in one arrival
+(:data:`KV_TOGETHER`: level at head_dim 64, slower at 128 and 256); launching the longest
+causal row blocks first (slower at 1k and 4k); at head_dim 64 this kernel is not faster than
+the Triton forward, which keeps that head dim.
 """
 
 from __future__ import annotations
