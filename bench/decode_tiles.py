@@ -1,5 +1,7 @@
 """Decode tiles and split counts beside SDPA cuDNN, in one GPU run: which (keys per block, warps,
-stages) and how many key slices read the KV cache fastest, paged and contiguous, at 4k and 32k.
+stages) and how many key slices read the KV cache fastest, paged and contiguous, at 4k and 32k;
+the paged cache also with up to ``PRELOAD_BIG`` block-table entries preloaded per split (the
+shipped limit, ``_triton_decode.PRELOAD_MAX``, leaves 32k rows on per-key page lookups).
 
 The shape and the paged layout are ``bench/decode.py``'s (batch 32, GQA 32/8, head_dim 128,
 256-key pages in random order). Each tile is forced through the public call
@@ -22,6 +24,9 @@ from decode import BATCH, CONTEXTS, D, HK, HQ, PAGE, inputs
 # (BLOCK_N, num_warps, num_stages); the first is the shipped tile (_triton_decode._config_for)
 TILES = ((64, 4, 4), (64, 4, 3), (64, 4, 2), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 8, 2), (64, 8, 4))
 SPLITS = (1, 2, 3, 4)
+# a third layout: the paged cache with up to this many block-table entries preloaded per split
+# (_triton_decode.PRELOAD_MAX ships 32, so at 32k a 2-split row looks every key's page up)
+PRELOAD_BIG = 128
 
 
 def main() -> None:
@@ -44,6 +49,14 @@ def main() -> None:
                 decode._SETUP[(D, device)] = shipped_setup
         return run
 
+    def with_preload_max(most, call):
+        # decode.PRELOAD_MAX is read at each call: past it a split looks each key's page up
+        saved, decode.PRELOAD_MAX = decode.PRELOAD_MAX, most
+        try:
+            return call()
+        finally:
+            decode.PRELOAD_MAX = saved
+
     rows = []
     for ctx in CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
@@ -52,6 +65,9 @@ def main() -> None:
             "paged": lambda s: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
                                                          num_splits=s),
             "contiguous": lambda s: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=s),
+            # up to PRELOAD_BIG block-table entries in registers instead of the shipped PRELOAD_MAX
+            f"paged, preload <= {PRELOAD_BIG}": lambda s: with_preload_max(PRELOAD_BIG, lambda: fa.flash_attn_with_kvcache(
+                q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)),
         }
         want = layouts["contiguous"](0).float()
         runs, wrong = {}, []
