@@ -18,10 +18,10 @@ CONTEXTS = (4096, 32768)
 SPLITS_TRIED = (1, 2)
 
 
-def _per_key_pages(decode, call):
-    """``call()`` with the decode kernel module ``decode`` looking each key's page up (no
-    block-table preload)."""
-    saved, decode.PRELOAD_MAX = decode.PRELOAD_MAX, 0
+def with_preload_max(decode, most, call):
+    """``call()`` with the decode kernel module ``decode`` preloading at most ``most`` block-table
+    entries per split (0: each key looks its page up); ``decode.PRELOAD_MAX`` is read per call."""
+    saved, decode.PRELOAD_MAX = decode.PRELOAD_MAX, most
     try:
         return call()
     finally:
@@ -69,8 +69,8 @@ def main() -> None:
                 q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)
             runs[f"ours_contiguous_split{splits}"] = lambda s=splits: kernels["ours"].flash_attn_with_kvcache(
                 q, k, v, cache_seqlens=lens, num_splits=s)
-            runs[f"ours_paged_perkey_split{splits}"] = lambda s=splits: _per_key_pages(
-                decode, lambda: kernels["ours"].flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
+            runs[f"ours_paged_perkey_split{splits}"] = lambda s=splits: with_preload_max(
+                decode, 0, lambda: kernels["ours"].flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
                                                                 num_splits=s))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         runs["sdpa_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)

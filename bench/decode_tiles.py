@@ -19,7 +19,7 @@ import importlib
 
 import harness
 from attention import sdpa
-from decode import BATCH, CONTEXTS, D, HK, HQ, PAGE, inputs
+from decode import BATCH, CONTEXTS, D, HK, HQ, PAGE, inputs, with_preload_max
 
 # (BLOCK_N, num_warps, num_stages); the first is the shipped tile (_triton_decode._config_for)
 TILES = ((64, 4, 4), (64, 4, 3), (64, 4, 2), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 8, 2), (64, 8, 4))
@@ -49,14 +49,6 @@ def main() -> None:
                 decode._SETUP[(D, device)] = shipped_setup
         return run
 
-    def with_preload_max(most, call):
-        # decode.PRELOAD_MAX is read at each call: past it a split looks each key's page up
-        saved, decode.PRELOAD_MAX = decode.PRELOAD_MAX, most
-        try:
-            return call()
-        finally:
-            decode.PRELOAD_MAX = saved
-
     rows = []
     for ctx in CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
@@ -66,8 +58,9 @@ def main() -> None:
                                                          num_splits=s),
             "contiguous": lambda s: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=s),
             # up to PRELOAD_BIG block-table entries in registers instead of the shipped PRELOAD_MAX
-            f"paged, preload <= {PRELOAD_BIG}": lambda s: with_preload_max(PRELOAD_BIG, lambda: fa.flash_attn_with_kvcache(
-                q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)),
+            f"paged, preload <= {PRELOAD_BIG}": lambda s: with_preload_max(
+                decode, PRELOAD_BIG,
+                lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)),
         }
         want = layouts["contiguous"](0).float()
         runs, wrong = {}, []

@@ -271,12 +271,11 @@ def build_mask(
                 blocks = torch.nn.functional.pad(blocks, (0, missing), value=-1)
             mask_function = or_masks(mask_function, blockwise_overlay(blocks))
             allow_skip = False
-    if packed is not None:
-        mask_function = and_masks(mask_function, packed_sequence_mask_function(packed))
-    if options.causal:
         skips = {"allow_is_causal_skip": allow_skip}
     else:
         skips = {"allow_is_causal_skip": False, "allow_is_bidirectional_skip": allow_skip}
+    if packed is not None:  # after the block overlay: a block never spans two packed sequences
+        mask_function = and_masks(mask_function, packed_sequence_mask_function(packed))
     return formatter(
         batch_size=batch_size,
         q_length=q_length,
@@ -484,8 +483,9 @@ def create_bidirectional_mask(
 
     ``encoder_hidden_states`` sets the batch size, key length and dtype for cross-attention.
     ``position_ids`` whose positions restart mark packed sequences (without a padding mask and a
-    cache), each attending only to itself, as in transformers 5.25. Returns None when nothing needs masking and the backend allows it (sdpa, eager: no padding,
-    no custom predicate). Other keywords are accepted and ignored, as transformers does.
+    cache), each attending only to itself, as in transformers 5.25. Returns None when nothing
+    needs masking and the backend allows it (sdpa, eager: no padding, no custom predicate).
+    Other keywords are accepted and ignored, as transformers does.
 
     Raises:
         TypeError: no ``inputs_embeds``, or both names of one argument with different values.

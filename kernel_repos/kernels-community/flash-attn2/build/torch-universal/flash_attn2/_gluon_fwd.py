@@ -252,6 +252,16 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
 
 
 @gluon.jit
+def _release_v(k_empty, v_empty, slot, KV_TOGETHER: gl.constexpr):
+    """Hand ring slot ``slot`` back once its V is read: through its own barrier, or with
+    KV_TOGETHER through the K barrier, whose arrival then frees K and V alike."""
+    if KV_TOGETHER:
+        mbarrier.arrive(k_empty.index(slot))
+    else:
+        mbarrier.arrive(v_empty.index(slot))
+
+
+@gluon.jit
 def _take_turn(turns, r, W: gl.constexpr):
     """Wait until the other consumer has issued its matmuls of ring position r-1 (W=0) or r (W=1).
 
@@ -297,10 +307,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
                                      CAUSAL)
     if HAS_PREV:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        if KV_TOGETHER:  # block j-1's K and V slot in one arrival
-            mbarrier.arrive(k_empty.index((r - 1) % STAGES))
-        else:
-            mbarrier.arrive(v_empty.index((r - 1) % STAGES))
+        _release_v(k_empty, v_empty, (r - 1) % STAGES, KV_TOGETHER)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
     return acc, p, m_new, l_i
@@ -358,10 +365,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        if KV_TOGETHER:
-            mbarrier.arrive(k_empty.index(last % STAGES))
-        else:
-            mbarrier.arrive(v_empty.index(last % STAGES))
+        _release_v(k_empty, v_empty, last % STAGES, KV_TOGETHER)
         # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase
         # order) and hand it back untouched
         for j in range(c + my_end, c + n_end):
@@ -372,10 +376,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
             if not KV_TOGETHER:
                 mbarrier.arrive(k_empty.index(j % STAGES))
             mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
-            if KV_TOGETHER:
-                mbarrier.arrive(k_empty.index(j % STAGES))
-            else:
-                mbarrier.arrive(v_empty.index(j % STAGES))
+            _release_v(k_empty, v_empty, j % STAGES, KV_TOGETHER)
         c += n_end
 
         empty = l_i == 0.0
