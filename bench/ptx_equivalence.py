@@ -27,8 +27,8 @@ def load(pkg_dir: Path, name: str):
     spec.loader.exec_module(mod)
     return tuple(importlib.import_module(f"{name}.{m}") for m in ("_triton_fwd", "_triton_bwd", "_triton_decode"))
 FLOATS = {"qk_scale", "softcap_scale", "softcap", "sm_scale", "dropout_p", "scale_log2"}
-I32P = {"CuQ", "CuK", "SeqUsedK", "BLOCK_TABLE", "TOTAL_LENS", "BATCH_IDX", "LEFTPAD"}
-F32P = {"Lse", "Delta", "Alibi", "ALIBI", "LSE", "O_PART", "LSE_PART"}
+I32P = {"CuQ", "CuK", "SeqUsedK", "BLOCK_TABLE", "TOTAL_LENS", "BATCH_IDX", "LEFTPAD", "COUNTERS"}
+F32P = {"Lse", "Delta", "Alibi", "ALIBI", "LSE", "O_PART", "LSE_PART", "LSE_FINAL"}
 
 def compile_one(fn, consts, none_ptrs, num_warps, num_stages, o_f32=False):
     names = list(fn.arg_names)
@@ -152,12 +152,21 @@ def configurations(F, B, D) -> dict:
     preload = "PRELOAD" in D._split_kernel.arg_names  # block-table entries in registers (newer packages)
     if preload:
         dec_base["PRELOAD"] = 0
+    # the last slice merging the others in the same launch (newer packages): off here, as in a
+    # one-split call; the merging build is its own configuration
+    merge = "MERGE" in D._split_kernel.arg_names
+    no_merge = {"COUNTERS", "O_FINAL", "LSE_FINAL"} if merge else set()
+    if merge:
+        dec_base.update(MERGE=False, MERGE_LSE=False, MERGE_CHUNK=1)
     cases.update({
-        "split_paged": (D._split_kernel, dec_base, {"BATCH_IDX", "LEFTPAD", "ALIBI"}, 4, 4),
+        "split_paged": (D._split_kernel, dec_base, {"BATCH_IDX", "LEFTPAD", "ALIBI"} | no_merge, 4, 4),
         "split_paged_preload": (D._split_kernel, {**dec_base, **({"PRELOAD": 16} if preload else {})},
-                                {"BATCH_IDX", "LEFTPAD", "ALIBI"}, 4, 4),
-        "split_dense_all": (D._split_kernel, {**dec_base, "PAGE_SIZE": 0, "HAS_BATCH_IDX": True, "HAS_LEFTPAD": True, "HAS_ALIBI": True, "HAS_SOFTCAP": True, "HAS_WINDOW_LEFT": True, "HAS_WINDOW_RIGHT": True, "FINAL": True}, {"BLOCK_TABLE"}, 4, 4),
+                                {"BATCH_IDX", "LEFTPAD", "ALIBI"} | no_merge, 4, 4),
+        "split_dense_all": (D._split_kernel, {**dec_base, "PAGE_SIZE": 0, "HAS_BATCH_IDX": True, "HAS_LEFTPAD": True, "HAS_ALIBI": True, "HAS_SOFTCAP": True, "HAS_WINDOW_LEFT": True, "HAS_WINDOW_RIGHT": True, "FINAL": True}, {"BLOCK_TABLE"} | no_merge, 4, 4),
     })
+    if merge:
+        cases["split_paged_merge"] = (D._split_kernel, {**dec_base, "MERGE": True, "MERGE_LSE": True, "MERGE_CHUNK": 4},
+                                      {"BATCH_IDX", "LEFTPAD", "ALIBI"}, 4, 4)
     return cases
 
 

@@ -302,6 +302,65 @@ def test_num_splits_do_not_change_the_result(path: str):
         assert torch.allclose(lse, results[0][1], atol=1e-5)
 
 
+def test_the_last_slice_merges_in_the_same_launch_and_leaves_the_counters_at_zero(monkeypatch):
+    """Several slices per row: one launch, whose last slice per tile merges them, gives what the
+    split kernel followed by the combine kernel gives (empty rows and empty slices included), and
+    puts every arrival counter back to zero for the next launch."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    decode = _load("_triton_decode")
+    monkeypatch.setattr(decode, "_COUNTERS", {})
+    launches = []
+    for attr in ("_SPLIT", "_COMBINE"):
+        def counted(*args, _attr=attr, _launch=getattr(decode, attr)):
+            launches.append(_attr)
+            return _launch(*args)
+        monkeypatch.setattr(decode, attr, counted)
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    q = torch.randn(3, 2, 8, 32, generator=gen)
+    k_cache = torch.randn(3, 120, 2, 32, generator=gen)
+    v_cache = torch.randn(3, 120, 2, 32, generator=gen)
+    lens = torch.tensor([120, 0, 77], dtype=torch.int32)
+    results = {}
+    for merge in (True, False):
+        monkeypatch.setattr(decode, "MERGE_IN_KERNEL", merge)
+        launches.clear()
+        results[merge] = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True,
+                                                 num_splits=5, return_softmax_lse=True)
+        assert launches == (["_SPLIT"] if merge else ["_SPLIT", "_COMBINE"])
+    (out, lse), (want_out, want_lse) = results[True], results[False]
+    assert torch.allclose(out, want_out, atol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)) and (out[1] == 0).all()
+    assert torch.allclose(lse[1:2].isinf().float(), torch.ones(1)) and (lse[1] > 0).all()
+    assert torch.allclose(lse[[0, 2]], want_lse[[0, 2]], atol=1e-5)
+    (counters,) = decode._COUNTERS.values()
+    assert counters.numel() >= 3 * 2 and not counters.any()
+    # without the LSE the merge writes the output alone
+    out_only = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True, num_splits=5)
+    assert torch.allclose(out_only, want_out, atol=1e-5) and not counters.any()
+
+
+def test_arrival_counters_are_one_buffer_per_stream_and_old_ones_stay_allocated(monkeypatch):
+    """Calls on two streams at once must not count on the same counters; a buffer that grows keeps
+    the old one alive, since a captured CUDA graph may still launch with its address."""
+    decode = _load("_triton_decode")
+    monkeypatch.setattr(decode, "_COUNTERS", {})
+    monkeypatch.setattr(decode, "_RETIRED", [])
+    device = torch.device("cpu")
+    first = decode._counters(device, 10, 7)
+    assert decode._counters(device, 10, 7) is first and first.numel() >= 10 and not first.any()
+    other = decode._counters(device, 10, 8)
+    assert other is not first
+    grown = decode._counters(device, 5000, 7)
+    assert grown.numel() >= 5000 and grown is not first and decode._RETIRED == [first]
+    assert decode._counters(device, 10, 8) is other
+    # while a CUDA graph is captured each launch gets counters of the graph's own, none cached
+    monkeypatch.setattr(decode, "_capturing", lambda: True)
+    captured = decode._arrival_counters(device, 10, True)
+    assert captured.numel() >= 10 and not captured.any()
+    assert captured is not decode._arrival_counters(device, 10, True)
+    assert all(buf is not captured for buf in decode._COUNTERS.values())
+
+
 def test_argument_errors_name_the_problem():
     q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
     cache = torch.randn(2, 16, 2, 32, dtype=torch.float16)
