@@ -77,7 +77,7 @@ def _checks(fa, dec) -> list:
             batch=batch, keys=keys, splits=splits,
             repeats_identical=all(torch.equal(m[0], merged[0][0]) for m in merged),
             out_err=(merged[0][0].float() - out.float()).abs().max().item(),
-            lse_err=(merged[0][1][finite] - lse[finite]).abs().max().item(),
+            lse_err=(merged[0][1][finite] - lse[finite]).abs().max().item() if finite.any() else 0.0,
             same_empty_rows=bool(torch.equal(torch.isfinite(merged[0][1]), finite)),
             graph_err=graph_err))
         print(rows[-1], flush=True)
