@@ -1,8 +1,9 @@
 """Split-K decode: the slices merged by the last of them in the same launch, beside the merge by
 a second kernel, one slice, and SDPA cuDNN, at the small batches of eager generation (one query
 token, GQA 32/8, head_dim 128, transformers' heads-first dense cache). Two figures a row: GPU µs
-(``triton.testing.do_bench`` medians over interleaved rounds) and host µs a call (100 calls
-without a sync, the median of 7 samples), since eager decoding is paced by the host.
+(CUDA-graph replays of 24 calls over 6 caches in turn, as a captured decode step runs them; a
+stream-timed figure would add the host's launch time at these sizes) and host µs a call (100
+eager calls without a sync, the median of 7 samples), since eager decoding is paced by the host.
 
 First a correctness pass: the merged result against the two-kernel one over many slices and
 empty rows, repeated launches (the arrival counters go back to zero) and CUDA-graph replays.
@@ -14,6 +15,7 @@ Writes ``bench/results/decode_merge.md`` and ``.json``::
 from __future__ import annotations
 
 import importlib
+import statistics
 import time
 
 import harness
@@ -21,7 +23,9 @@ import harness
 SHAPES = ((8, 2304), (4, 4100), (8, 4100), (1, 8192), (32, 4096), (32, 32768))  # (batch, keys)
 CHECKS = ((3, 5000, 64), (8, 2304, 7), (1, 777, 13), (32, 4096, 2))  # (batch, keys, slices)
 HQ, HK, D = 32, 8, 128
-CHUNKS = (1, 4, 8)
+CHUNKS = (1, 4)
+COPIES = 6  # caches read in turn
+ROUNDS = 3
 
 
 def _host_us(fn, calls: int = 100, samples: int = 7) -> float:
@@ -37,6 +41,34 @@ def _host_us(fn, calls: int = 100, samples: int = 7) -> float:
         got.append((time.perf_counter_ns() - start) / calls / 1e3)
     torch.cuda.synchronize()
     return sorted(got)[samples // 2]
+
+
+def _graph_us(fns, calls: int = 24, samples: int = 9) -> float:
+    """GPU µs a call of ``fns`` (one per cache copy, taken in turn), ``calls`` of them captured in
+    one CUDA graph and replayed: no host time between the kernels, which a small decode step's
+    launch would otherwise add to a stream-timed figure."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fns[i % len(fns)]()
+    graph.replay()
+    got = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        got.append(start.elapsed_time(end) * 1000 / calls)
+    return statistics.median(got)
 
 
 def _checks(fa, dec) -> list:
@@ -97,38 +129,49 @@ def main() -> None:
     block_n, sms = setup[0], setup[4]
     rows = []
     for batch, keys in SHAPES:
-        q = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(batch, HK, keys, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
+        # COPIES caches in turn, so back-to-back calls do not find the last one's keys in L2
+        caches = [(torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16),
+                   torch.randn(batch, HK, keys, D, device="cuda", dtype=torch.bfloat16),
+                   torch.randn(batch, HK, keys, D, device="cuda", dtype=torch.bfloat16)) for _ in range(COPIES)]
         # the slices that fill the GPU (choose_num_splits without its one-slice rule for short contexts)
         fill = max(1, min(-(-3 * sms // (batch * HK)), keys // (2 * block_n), 64))
 
         def ours(splits, merge=None, chunk=None):
+            def make(q, k, v):
+                def run():
+                    saved = dec.MERGE_CHUNK
+                    dec.MERGE_CHUNK = chunk or saved
+                    try:
+                        return dec.decode_attention(
+                            q, k, v, total_lens=None, total_len_uniform=keys, capacity=keys, block_table=None,
+                            batch_idx=None, leftpad=None, alibi_slopes=None, softmax_scale=D ** -0.5, window_left=-1,
+                            window_right=-1, softcap=0.0, num_splits=splits, need_lse=False, heads_first=True,
+                            merge_in_kernel=merge)
+                    finally:
+                        dec.MERGE_CHUNK = saved
+                return run
+            return make
+
+        def cudnn(q, k, v):
             def run():
-                saved = dec.MERGE_CHUNK
-                dec.MERGE_CHUNK = chunk or saved
-                try:
-                    return dec.decode_attention(
-                        q, k, v, total_lens=None, total_len_uniform=keys, capacity=keys, block_table=None,
-                        batch_idx=None, leftpad=None, alibi_slopes=None, softmax_scale=D ** -0.5, window_left=-1,
-                        window_right=-1, softcap=0.0, num_splits=splits, need_lse=False, heads_first=True,
-                        merge_in_kernel=merge)
-                finally:
-                    dec.MERGE_CHUNK = saved
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             return run
 
-        def cudnn():
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-
-        runs = {"shipped": ours(0), "one_slice": ours(1), "two_kernels": ours(fill, False),
-                **{f"merged_c{c}": ours(fill, True, c) for c in CHUNKS}, "cudnn": cudnn}
-        gpu, errors, _ = harness.interleaved_us(runs)
+        makers = {"shipped": ours(0), "one_slice": ours(1), "two_kernels": ours(fill, False),
+                  **{f"merged_c{c}": ours(fill, True, c) for c in CHUNKS}, "cudnn": cudnn}
         row = dict(batch=batch, keys=keys, splits=fill, shipped_splits=dec.choose_num_splits(
             batch * HK, keys, sms, True, block_n))
-        row.update({f"{name}_gpu": us for name, us in gpu.items()})
-        row.update({f"{name}_host": _host_us(fn) for name, fn in runs.items() if name not in errors})
-        row.update({f"{name}_error": message for name, message in errors.items()})
+        samples = {name: [] for name in makers}
+        for r in range(ROUNDS):
+            names = list(makers)[r % len(makers):] + list(makers)[:r % len(makers)]
+            for name in names:
+                try:
+                    samples[name].append(_graph_us([makers[name](*c) for c in caches]))
+                except Exception as e:  # reported in the table, not retried
+                    row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        row.update({f"{name}_gpu": statistics.median(t) for name, t in samples.items() if t})
+        row.update({f"{name}_host": _host_us(make(*caches[0])) for name, make in makers.items()})
         rows.append(row)
         print(row, flush=True)
     columns = {"batch": "batch", "keys": "keys", "splits": "slices", "shipped_splits": "shipped slices"}
@@ -146,8 +189,8 @@ def main() -> None:
         notes=["One query token a row over a dense heads-first cache ([B, H, S, D], transformers' layout). "
                "'slices': the count that fills the GPU, used by the 2-kernel and merged rows; 'shipped': "
                "the call's own choice. 'merged, N at once': the last slice of a tile merges all of them, "
-               "loading N slices' partial results at a time. GPU µs: the median over interleaved rounds of "
-               "triton.testing.do_bench medians; host µs: 100 calls without a sync, median of 7 samples.",
+               "loading N slices' partial results at a time. GPU µs: "
+               "the median per call of 9 replays of a CUDA graph of 24 calls over 6 caches in turn (no host time between kernels, the keys of one call not left in L2 for the next), over 3 interleaved rounds; host µs: 100 eager calls without a sync, median of 7 samples.",
                "Correctness (merged against the two-kernel merge, empty rows included, 3 repeated launches, "
                "5 CUDA-graph replays with new queries): " + "; ".join(
                    f"batch {c['batch']} x {c['keys']} keys, {c['splits']} slices: out err {c['out_err']:.2g}, "

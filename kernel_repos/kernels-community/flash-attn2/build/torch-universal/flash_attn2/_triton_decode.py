@@ -385,11 +385,10 @@ def preload_pages(capacity: int, page_size: int, block_n: int, splits: int) -> i
 # Several slices per row are merged by the last of them to finish (a per-tile arrival counter);
 # False: by a second kernel (``_combine_kernel``) after the split kernel, as measured beside it
 MERGE_IN_KERNEL = True
-# slices the merging program loads at once at BLOCK_M=16, fewer for taller tiles (a power of two:
-# CHUNK x BLOCK_M x BLOCK_D fp32 values over the program's threads; offline sm90 compile, 4 warps:
-# 118 registers without the merge, 148 with 4 slices at BLOCK_M=16; at BLOCK_M=64 more than one
-# slice spills)
-MERGE_CHUNK = 4
+# slices the merging program loads at once at BLOCK_M=16, fewer for taller tiles (a power of two).
+# One: on the H200 four at a time made a 50-slice merge slower, not faster (bench/results/
+# decode_merge.md); offline sm90 compile, 4 warps: 118 registers without the merge, 128 with it
+MERGE_CHUNK = 1
 
 # (device index, stream) -> int32 arrival counters, all zero between launches: each merging slice
 # puts its tile's counter back to zero. One buffer per stream, so calls that run at the same time
