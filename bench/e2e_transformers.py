@@ -9,9 +9,12 @@ weights, bf16 on a GPU, fp32 on the CPU), switched between attention implementat
 * ``sdpa`` (PyTorch picks its backend) and ``sdpa`` held to its FlashAttention-2 backend.
 
 Prefill: ``model(ids, use_cache=True, logits_to_keep=1)`` on 8 × 2048 tokens. Decode: ms per
-step = (greedy ``generate`` of 256 forced tokens − ``generate`` of 1) / 255, which leaves out the
-prefill. Every row and sdpa are timed in the same interleaved rounds; "vs sdpa" is the median of
-the per-round ratios sdpa ÷ row (above 1: faster than sdpa) with its 95 % bootstrap interval.
+step of a greedy ``generate`` of 256 forced tokens, each step timed from one stopping-criteria
+call to the next (after a device sync) and the round's figure the median over its steps, which
+leaves out the prefill and the host's occasional long pauses (a step that met a garbage
+collection or a busy core). Every row and sdpa are timed in the same interleaved rounds; "vs
+sdpa" is the median of the per-round ratios sdpa ÷ row (above 1: faster than sdpa) with its 95 %
+bootstrap interval.
 Parity: relative error of the last hidden states against sdpa on the real tokens of a
 left-padded batch (eager's error beside it shows how far two correct implementations drift).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 
 import harness
 
@@ -41,6 +45,28 @@ SHAPES = {
                        num_key_value_heads=8, head_dim=128),
 }
 SHAPE_SIZES = {"llama-3-8b": dict(batch=4, prompt=4096, new_tokens=128, rounds=9, layers=8, parity=(2, 512))}
+
+
+class _StepClock:
+    """A stopping criterion that never stops: it notes the time of every call (one per generated
+    token, after a sync on a GPU), so a ``generate`` yields its per-step durations."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def median_step_ms(self) -> float:
+        """The median of the gaps between calls, in ms (the first call ends the prefill)."""
+        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
+        return statistics.median(gaps) * 1000 if gaps else float("nan")
 
 
 def _sdpa_flash_only():
@@ -108,19 +134,24 @@ def main() -> None:
     ids = torch.randint(3, config.vocab_size, (sizes["batch"], sizes["prompt"]), generator=gen).to(device)
     mask = torch.ones_like(ids)
 
-    def generate(n: int):
-        return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, pad_token_id=0)
+    steps: dict = {}  # label -> per call, the median ms of its decode steps
 
-    jobs = {"prefill": lambda: model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1),
-            "generate 1": lambda: generate(1),
-            "generate N": lambda: generate(sizes["new_tokens"])}
+    def generate(label: str):
+        clock = _StepClock(device)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=sizes["new_tokens"],
+                             min_new_tokens=sizes["new_tokens"], do_sample=False, pad_token_id=0,
+                             stopping_criteria=transformers.StoppingCriteriaList([clock]))
+        steps.setdefault(label, []).append(clock.median_step_ms())
+        return out
+
+    jobs = {"prefill": lambda label: model(ids, attention_mask=mask, use_cache=True, logits_to_keep=1),
+            "generate": generate}
     contenders = {}
     for label, (impl, context) in ROWS.items():
         for job, fn in jobs.items():
-            def call(fn=fn, context=context):
+            def call(fn=fn, context=context, label=label):
                 with context(), torch.no_grad():
-                    return fn()
+                    return fn(label)
             contenders[f"{label}|{job}"] = call
 
     samples = harness.paired(contenders, rounds=sizes["rounds"], calls=1, device=device,
@@ -128,8 +159,7 @@ def main() -> None:
     klt.disable()
 
     def decode(label: str) -> list[float]:
-        n, one = samples[f"{label}|generate N"], samples[f"{label}|generate 1"]
-        return [(a - b) / (sizes["new_tokens"] - 1) for a, b in zip(n, one)]
+        return [ms * 1000 for ms in steps[label][-sizes["rounds"]:]]  # the timed rounds' (µs), not the warm-up's
 
     rows = []
     for label in ROWS:
@@ -155,7 +185,7 @@ def main() -> None:
                f"prefill {sizes['batch']} × {sizes['prompt']} tokens, decode {sizes['new_tokens']} "
                f"greedy tokens; medians over {sizes['rounds']} interleaved rounds. Paired: sdpa ÷ row "
                f"per round, median [95 % interval]. Eager's hidden-state rel err vs sdpa: {eager_err:.3g}."],
-        extra={"sizes": sizes, "samples_us": samples, "eager_rel_err": eager_err})
+        extra={"sizes": sizes, "samples_us": samples, "decode_step_median_ms": steps, "eager_rel_err": eager_err})
     print(path.read_text())
 
 
