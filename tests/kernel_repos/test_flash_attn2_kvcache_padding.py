@@ -238,13 +238,17 @@ def test_the_gpu_path_reads_no_device_value_on_the_host(monkeypatch):
             v=empty(4, 1, HK, D), cache_seqlens=empty(4, dtype=torch.int32), block_table=empty(4, 4, dtype=torch.int32),
             causal=True)
         assert out.shape == (4, 1, H, D)
-        # split-K over many keys: the slices merge in the same launch
-        fa.flash_attn_with_kvcache(
-            empty(1, 1, H, D), empty(64, PAGE, HK, D), empty(64, PAGE, HK, D), k=empty(1, 1, HK, D),
-            v=empty(1, 1, HK, D), cache_seqlens=empty(1, dtype=torch.int32), block_table=empty(1, 64, dtype=torch.int32),
-            causal=True)
+        # split-K over many keys: the slices merge in the same launch, and while a CUDA graph is
+        # captured in a second one (the graph's replays pay GPU time only)
+        for capturing in (False, True):
+            monkeypatch.setattr(decode, "_capturing", lambda capturing=capturing: capturing)
+            fa.flash_attn_with_kvcache(
+                empty(1, 1, H, D), empty(64, PAGE, HK, D), empty(64, PAGE, HK, D), k=empty(1, 1, HK, D),
+                v=empty(1, 1, HK, D), cache_seqlens=empty(1, dtype=torch.int32),
+                block_table=empty(1, 64, dtype=torch.int32), causal=True)
+        monkeypatch.setattr(decode, "_capturing", lambda: False)
         # the padded prefill batch, max lengths given as host ints
         out = fa.flash_attn_varlen_func(empty(64, H, D), empty(320, HK, D), empty(320, HK, D),
                                         empty(5, dtype=torch.int32), empty(5, dtype=torch.int32), 64, 1024, causal=True)
         assert out.shape == (64, H, D)
-    assert launches == ["_APPEND", "_SPLIT", "_APPEND", "_SPLIT", "_FWD"]
+    assert launches == ["_APPEND", "_SPLIT", "_APPEND", "_SPLIT", "_APPEND", "_SPLIT", "_COMBINE", "_FWD"]

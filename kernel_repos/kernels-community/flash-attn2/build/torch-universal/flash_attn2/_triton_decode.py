@@ -3,9 +3,10 @@
 Decode steps have one (or a few) query tokens per sequence, so the work is reading K and V once
 at memory speed. One program handles every query head of one KV head (GQA/MQA read K/V once
 for the whole group) over one slice of the keys; several slices ("splits") per row keep all
-SMs busy when batch x kv_heads alone would not; the last slice of a tile to finish merges them
-all through their log-sum-exp (one launch: each slice counts itself in on a per-tile counter,
-and the one that completes the count reads the others' partial results). Larger query chunks are
+SMs busy when batch x kv_heads alone would not; in eager calls the last slice of a tile to
+finish merges them all through their log-sum-exp (one launch: each slice counts itself in on a
+per-tile counter, and the one that completes the count reads the others' partial results), in
+a CUDA graph a second kernel does (see MERGE_IN_KERNEL). Larger query chunks are
 tiled over q (grid axis 1), so the same kernel also serves speculative / chunked-prefill steps.
 
 Entry point: ``decode_attention(...)`` below; the argument checking and the writing of new keys
@@ -382,8 +383,12 @@ def preload_pages(capacity: int, page_size: int, block_n: int, splits: int) -> i
     return preload if preload <= PRELOAD_MAX else 0
 
 
-# Several slices per row are merged by the last of them to finish (a per-tile arrival counter);
-# False: by a second kernel (``_combine_kernel``) after the split kernel, as measured beside it
+# Several slices per row are merged by the last of them to finish (a per-tile arrival counter)
+# in eager calls, and by a second kernel (``_combine_kernel``) while a CUDA graph is captured;
+# False: always by the second kernel. Why both (bench/results/decode_merge.md, batch 1-32 over
+# 2k-32k keys): one launch fewer saves host time, which paces eager decoding (34-39 against 44-73
+# us a call), while the one program that merges costs GPU time, which is all a graph replay pays
+# (18 against 37 us at 50 slices, 26 against 32 at 13, 3-4 us at 2-7)
 MERGE_IN_KERNEL = True
 # slices the merging program loads at once at BLOCK_M=16, fewer for taller tiles (a power of two).
 # One: on the H200 four at a time made a 50-slice merge slower, not faster (bench/results/
@@ -406,8 +411,9 @@ def _capturing() -> bool:
 
 def _arrival_counters(device: torch.device, n: int, on_gpu: bool) -> torch.Tensor:
     """The zeroed arrival counters of one launch: the current stream's buffer (:func:`_counters`),
-    or, while a CUDA graph is being captured, a buffer of the graph's own, zeroed at every replay
-    (a graph may be replayed on any stream, beside eager calls on the one it was captured on)."""
+    or, while a CUDA graph is being captured (a merge asked for there by ``merge_in_kernel=True``),
+    a buffer of the graph's own, zeroed at every replay (a graph may be replayed on any stream,
+    beside eager calls on the one it was captured on)."""
     if on_gpu and _capturing():
         return torch.zeros(n, dtype=torch.int32, device=device)
     return _counters(device, n, _current_stream(device) if on_gpu else 0)
@@ -495,7 +501,8 @@ def decode_attention(
     dense cache's length) sizes the split count and caps ``total_lens``: a row whose length the
     caller could not check on the host (a device tensor) reads no key past it. ``config`` /
     ``block_m`` override the tuned tile choice (benchmark sweeps); ``merge_in_kernel`` overrides
-    :data:`MERGE_IN_KERNEL` (False: the slices are merged by a second kernel).
+    the rule of :data:`MERGE_IN_KERNEL` (True: the last slice merges, in a CUDA graph too; False:
+    a second kernel merges).
 
     With ``heads_first=True`` q is ``[B, Hq, Sq, D]`` and the (dense) caches ``[B, Hk, S, D]``
     (transformers' layout); the output layout does not change. The caller passes ints and floats
@@ -555,7 +562,10 @@ def decode_attention(
         l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
         o_strides = (batch * num_heads * seqlen_q * hd, num_heads * seqlen_q * hd, seqlen_q * hd, hd)
         l_strides = (batch * num_heads * seqlen_q, num_heads * seqlen_q, seqlen_q, 1)
-    merge = splits > 1 and (MERGE_IN_KERNEL if merge_in_kernel is None else merge_in_kernel)
+    if merge_in_kernel is None:  # the shipped rule: merged in the launch, but not inside a CUDA graph
+        merge = splits > 1 and MERGE_IN_KERNEL and not (on_gpu and _capturing())
+    else:
+        merge = splits > 1 and merge_in_kernel
     _SPLIT(
         (splits, m_blocks, batch * num_kv_heads),
         (
