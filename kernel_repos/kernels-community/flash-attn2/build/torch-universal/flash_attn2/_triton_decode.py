@@ -265,9 +265,9 @@ def _merge_splits(O, LSE, O_FINAL, LSE_FINAL, b, head, q_idx, row_ok, offs_d, d_
     slice that saw no key) into out ``[B, Sq, Hq, D]`` and, with STORE_LSE, lse ``[B, Hq, Sq]``
     (+inf for a row that saw no key).
 
-    CHUNK slices are loaded at once: one program merges alone, so a slice at a time would wait
-    out the L2 latency NUM_SPLITS times in a row (0.3 us a slice on an H200: 50 slices measured
-    41 us against 25 for the two-kernel merge).
+    CHUNK slices' partial results are loaded a step (see MERGE_CHUNK). One program merges alone
+    and waits out the L2 latency once a step, which is why this merge costs GPU time the
+    two-kernel one does not (see MERGE_IN_KERNEL).
     """
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -395,9 +395,9 @@ MERGE_IN_KERNEL = True
 # decode_merge.md); offline sm90 compile, 4 warps: 118 registers without the merge, 128 with it
 MERGE_CHUNK = 1
 
-# (device index, stream) -> int32 arrival counters, all zero between launches: each merging slice
-# puts its tile's counter back to zero. One buffer per stream, so calls that run at the same time
-# on two streams never count on the same counters; it only grows.
+# (device, stream) -> int32 arrival counters, all zero between launches: each merging slice puts
+# its tile's counter back to zero. One buffer per stream, so calls that run at the same time on
+# two streams never count on the same counters; it only grows.
 _COUNTERS: dict = {}
 
 
@@ -425,14 +425,10 @@ def _counters(device: torch.device, n: int, stream: int) -> torch.Tensor:
     key = (device, stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
-        if buf is not None:
-            # a captured CUDA graph may hold the old buffer's address: never hand its memory back
-            _RETIRED.append(buf)
+        # the old buffer goes back to torch's allocator, which hands it out again on this stream
+        # only, after the launches already queued on it; no graph holds it (_arrival_counters)
         buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
     return buf
-
-
-_RETIRED: list = []
 
 
 _SETUP: dict = {}
@@ -557,7 +553,7 @@ def decode_attention(
         o_target, l_target = out, lse
         o_strides = (0, seqlen_q * num_heads * hd, hd, num_heads * hd)
         l_strides = (0, num_heads * seqlen_q, seqlen_q, 1)
-    else:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged by the last slice
+    else:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged below
         o_target = _alloc((splits, batch, num_heads, seqlen_q, head_dim), torch.float32, device)
         l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
         o_strides = (batch * num_heads * seqlen_q * hd, num_heads * seqlen_q * hd, seqlen_q * hd, hd)
