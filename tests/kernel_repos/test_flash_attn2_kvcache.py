@@ -354,10 +354,9 @@ def test_arrival_counters_are_one_buffer_per_stream_and_a_captured_graph_gets_it
     assert grown.numel() >= 5000 and grown is not first and decode._counters(device, 10, 7) is grown
     assert decode._counters(device, 10, 8) is other
     # while a CUDA graph is captured each launch gets counters of the graph's own, none cached
-    monkeypatch.setattr(decode, "_capturing", lambda: True)
-    captured = decode._arrival_counters(device, 10, True)
+    captured = decode._arrival_counters(device, 10, True, capturing=True)
     assert captured.numel() >= 10 and not captured.any()
-    assert captured is not decode._arrival_counters(device, 10, True)
+    assert captured is not decode._arrival_counters(device, 10, True, capturing=True)
     assert all(buf is not captured for buf in decode._COUNTERS.values())
 
 

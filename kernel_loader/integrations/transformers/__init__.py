@@ -90,7 +90,7 @@ def _flavor_for(version_text: str | None) -> str:
     """
     from packaging.version import InvalidVersion, Version
 
-    fix = "pip install 'transformers>=5.17,<5.26'  (or 'transformers==4.57.*')"
+    fix = f"pip install 'transformers>=5.{_SUPPORTED_5X[0]},<5.{_SUPPORTED_5X[1] + 1}'  (or 'transformers==4.57.*')"
     if version_text is None:
         raise UnsupportedTransformersVersionError(
             f"The transformers bridge needs transformers ({SUPPORTED_RANGE}), which is not installed. "

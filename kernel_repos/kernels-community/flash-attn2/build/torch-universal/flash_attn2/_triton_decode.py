@@ -409,12 +409,12 @@ def _capturing() -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def _arrival_counters(device: torch.device, n: int, on_gpu: bool) -> torch.Tensor:
+def _arrival_counters(device: torch.device, n: int, on_gpu: bool, capturing: bool) -> torch.Tensor:
     """The zeroed arrival counters of one launch: the current stream's buffer (:func:`_counters`),
     or, while a CUDA graph is being captured (a merge asked for there by ``merge_in_kernel=True``),
     a buffer of the graph's own, zeroed at every replay (a graph may be replayed on any stream,
-    beside eager calls on the one it was captured on)."""
-    if on_gpu and _capturing():
+    beside eager calls on the one it was captured on; ``capturing``: :func:`_capturing`'s answer)."""
+    if capturing:
         return torch.zeros(n, dtype=torch.int32, device=device)
     return _counters(device, n, _current_stream(device) if on_gpu else 0)
 
@@ -558,8 +558,9 @@ def decode_attention(
         l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
         o_strides = (batch * num_heads * seqlen_q * hd, num_heads * seqlen_q * hd, seqlen_q * hd, hd)
         l_strides = (batch * num_heads * seqlen_q, num_heads * seqlen_q, seqlen_q, 1)
+    capturing = splits > 1 and on_gpu and _capturing()
     if merge_in_kernel is None:  # the shipped rule: merged in the launch, but not inside a CUDA graph
-        merge = splits > 1 and MERGE_IN_KERNEL and not (on_gpu and _capturing())
+        merge = splits > 1 and MERGE_IN_KERNEL and not capturing
     else:
         merge = splits > 1 and merge_in_kernel
     _SPLIT(
@@ -567,7 +568,7 @@ def decode_attention(
         (
             # absent optional pointers stay None: compile-time constants the launch skips
             q, k_cache, v_cache, block_table, total_lens, batch_idx, leftpad, alibi_slopes,
-            o_target, l_target, _arrival_counters(device, m_blocks * batch * num_kv_heads, on_gpu) if merge else None,
+            o_target, l_target, _arrival_counters(device, m_blocks * batch * num_kv_heads, on_gpu, capturing) if merge else None,
             out if merge else None, lse if merge and need_lse else None,
             qb // unit, qs // unit, qh // unit, kb // unit, ks // unit, kh // unit,
             vb // unit, vs // unit, vh // unit,
