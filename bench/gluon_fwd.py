@@ -43,6 +43,12 @@ KERNELS[64].update(gluon_c3=dict(consumers=3), gluon_c3n64=dict(consumers=3, til
 # consumers taking turns issuing their matmuls (FlashAttention-3's ping-pong, _gluon_fwd.PINGPONG)
 for _d in HEAD_DIMS:
     KERNELS[_d].update(gluon_kvt=dict(kv_together=True), gluon_pp=dict(pingpong=True))
+# every head dim: ring slots (and ping-pong turns) handed back by every consumer thread's own
+# arrival instead of one thread's after a warpgroup barrier (_gluon_fwd.THREAD_ARRIVE), alone,
+# with the ping-pong turns, and at head_dim 64 with three consumers
+for _d in HEAD_DIMS:
+    KERNELS[_d].update(gluon_ta=dict(thread_arrive=True), gluon_ta_pp=dict(thread_arrive=True, pingpong=True))
+KERNELS[64].update(gluon_ta_c3=dict(thread_arrive=True, consumers=3))
 
 
 def fwd_flops(batch: int, heads: int, sq: int, sk: int, d: int, causal: bool) -> float:

@@ -101,6 +101,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(KV_TOGETHER=head_dim in gf.KV_TOGETHER)
     if "PINGPONG" in fn.arg_names:  # packages whose consumers can take turns issuing their matmuls
         consts.update(PINGPONG=head_dim in gf.PINGPONG)
+    if "THREAD_ARRIVE" in fn.arg_names:  # packages whose consumers can release slots by thread arrivals
+        consts.update(THREAD_ARRIVE=head_dim in gf.THREAD_ARRIVE)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

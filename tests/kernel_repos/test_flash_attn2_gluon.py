@@ -223,8 +223,9 @@ from triton.experimental.gluon._runtime import GluonASTSource
 import _fa2_sm90._gluon_fwd as gf
 
 head_dim, causal, varlen, consumers = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5])
-together = head_dim in gf.KV_TOGETHER  # the shipped choices
+together = head_dim in gf.KV_TOGETHER  # the shipped choices, unless the case asks for thread arrivals
 pingpong = head_dim in gf.PINGPONG and consumers == 2
+thread_arrive = sys.argv[6] == "1" if sys.argv[6] != "shipped" else head_dim in gf.THREAD_ARRIVE
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -241,7 +242,7 @@ types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o
              o_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
 constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages, consumers),
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
-                 CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong)
+                 CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
@@ -257,7 +258,7 @@ sys.stdout.write(compiled.asm["ptx"])
                           (64, False, True, 3)])
 def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, varlen, consumers, tmp_path):
     _gluon_fwd()
-    done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), int(varlen), consumers), tmp_path)
+    done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), int(varlen), consumers, "shipped"), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ptx = done.stdout
     # Q·K^T and P·V on the tensor cores' warpgroup path, every tile through the copy engine
@@ -281,6 +282,37 @@ def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, var
     # dense calls: one program per SM walks its tiles (the grid's size read in the kernel);
     # packed ones take their tile from the program's coordinates
     assert ("%nctaid.x" in ptx) == (not varlen)
+
+
+def _bar_syncs_per_key_block(ptx: str) -> list:
+    """Warpgroup barriers (bar.sync) in each of the consumers' key loops: the PTX loops (a label
+    to the branch back to it) whose body issues wgmma and waits on two barriers (K_j, V_{j-1})."""
+    counts = []
+    for label in re.findall(r"^(\$L__BB\d+_\d+):", ptx, re.M):
+        m = re.search(r"^%s:(.*?)\n\s*(?:@%%p\d+ )?bra(?:\.uni)?\s+%s;" % (re.escape(label), re.escape(label)),
+                      ptx, re.S | re.M)
+        if m and "wgmma.mma_async" in m.group(1) and m.group(1).count("mbarrier.try_wait") == 2:
+            counts.append(m.group(1).count("bar.sync"))
+    assert len(counts) >= 2, "expected the consumers' key loops"
+    return counts
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_thread_arrivals_drop_the_warpgroup_barriers_before_slot_releases(head_dim, tmp_path):
+    _gluon_fwd()
+    one = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, 0, 0, 2, "0"), tmp_path)
+    every = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, 0, 0, 2, "1"), tmp_path)
+    assert one.returncode == 0 and every.returncode == 0, (one.stderr[-3000:], every.stderr[-3000:])
+    # one elected thread arrives after a bar.sync; with thread arrivals every thread arrives
+    # on its own, and the barriers count 128 arrivals a consumer
+    assert "cp.async.mbarrier.arrive.noinc" not in one.stdout
+    assert len(re.findall(r"cp\.async\.mbarrier\.arrive\.noinc\.shared\.b64", every.stdout)) >= 8
+    assert re.search(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], 256;", every.stdout)
+    # per key block: a warpgroup barrier before each of the two releases (and, under Triton 3.6,
+    # a third before the next wait) against the one before that wait
+    assert min(_bar_syncs_per_key_block(one.stdout)) >= 2
+    assert set(_bar_syncs_per_key_block(every.stdout)) == {1}
+    assert ".local" not in every.stdout
 
 
 def test_q_buffers_fit_beside_the_ring_and_double_where_they_can():

@@ -66,6 +66,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
     fence_async_shared,
     mbarrier,
     tma,
@@ -123,6 +124,12 @@ KV_TOGETHER: frozenset = frozenset()
 # one waits for the other to have issued S_j and P_{j-1} V_{j-1} before issuing its own, so one
 # warpgroup's softmax runs under the other's matmuls); two consumers only
 PINGPONG: frozenset = frozenset()
+# head dims whose consumers hand ring slots back with one arrival from each of their 128 threads
+# (cp.async.mbarrier.arrive.noinc, which with no copies pending arrives at once; the K/V barriers
+# then count 128 arrivals a consumer; PINGPONG's turns likewise) instead of one thread's after a
+# warpgroup barrier: Gluon puts a bar.sync before every mbarrier.arrive, and these are two of the
+# three a key block costs
+THREAD_ARRIVE: frozenset = frozenset()
 
 
 @gluon.jit
@@ -252,13 +259,23 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
 
 
 @gluon.jit
-def _release_v(k_empty, v_empty, slot, KV_TOGETHER: gl.constexpr):
+def _release(bar, THREAD_ARRIVE: gl.constexpr):
+    """One consumer's arrival on a ring slot's empty barrier: every thread's (THREAD_ARRIVE), or
+    one thread's after the warpgroup barrier Gluon puts before an arrive."""
+    if THREAD_ARRIVE:
+        async_copy.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _release_v(k_empty, v_empty, slot, KV_TOGETHER: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
     """Hand ring slot ``slot`` back once its V is read: through its own barrier, or with
     KV_TOGETHER through the K barrier, whose arrival then frees K and V alike."""
     if KV_TOGETHER:
-        mbarrier.arrive(k_empty.index(slot))
+        _release(k_empty.index(slot), THREAD_ARRIVE)
     else:
-        mbarrier.arrive(v_empty.index(slot))
+        _release(v_empty.index(slot), THREAD_ARRIVE)
 
 
 @gluon.jit
@@ -278,7 +295,7 @@ def _take_turn(turns, r, W: gl.constexpr):
 def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0, diag,
           seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, KV_TOGETHER: gl.constexpr, W: gl.constexpr,
-          PINGPONG: gl.constexpr):
+          PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
     """Key block j (ring position c + j) for one consumer: S_j, then P_{j-1} V_{j-1} beside the
     softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
@@ -295,19 +312,19 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
         mbarrier.wait(v_ready.index(pslot), ((r - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(pslot), acc, is_async=True)
         if PINGPONG:  # both matmuls issued: the other consumer's turn
-            mbarrier.arrive(turns.index(1 - W))
+            _release(turns.index(1 - W), THREAD_ARRIVE)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
     else:
         if PINGPONG:
-            mbarrier.arrive(turns.index(1 - W))
+            _release(turns.index(1 - W), THREAD_ARRIVE)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
     if not KV_TOGETHER:
-        mbarrier.arrive(k_empty.index(slot))
+        _release(k_empty.index(slot), THREAD_ARRIVE)
     pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, row0, diag, seqlen_k, qk_scale, s_layout, ROWS, BLOCK_N, MASK,
                                      CAUSAL)
     if HAS_PREV:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        _release_v(k_empty, v_empty, (r - 1) % STAGES, KV_TOGETHER)
+        _release_v(k_empty, v_empty, (r - 1) % STAGES, KV_TOGETHER, THREAD_ARRIVE)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
     return acc, p, m_new, l_i
@@ -318,7 +335,8 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
               stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n, cu_seqlens_q,
               cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
-              CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr):
+              CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
+              THREAD_ARRIVE: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -354,29 +372,32 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
         acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
-                                 diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG)
+                                 diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG,
+                                     THREAD_ARRIVE)
         for j in range(1, n_full):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
-                                     row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER, W, PINGPONG)
+                                     row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
+                                     THREAD_ARRIVE)
         for j in range(gl.maximum(n_full, 1), my_end):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
-                                     row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG)
+                                     row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
+                                     THREAD_ARRIVE)
         last = c + my_end - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        _release_v(k_empty, v_empty, last % STAGES, KV_TOGETHER)
+        _release_v(k_empty, v_empty, last % STAGES, KV_TOGETHER, THREAD_ARRIVE)
         # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase
         # order) and hand it back untouched
         for j in range(c + my_end, c + n_end):
             if PINGPONG:  # the other consumer counts on one turn per ring position
                 _take_turn(turns, j, W)
-                mbarrier.arrive(turns.index(1 - W))
+                _release(turns.index(1 - W), THREAD_ARRIVE)
             mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
             if not KV_TOGETHER:
-                mbarrier.arrive(k_empty.index(j % STAGES))
+                _release(k_empty.index(j % STAGES), THREAD_ARRIVE)
             mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
-            _release_v(k_empty, v_empty, j % STAGES, KV_TOGETHER)
+            _release_v(k_empty, v_empty, j % STAGES, KV_TOGETHER, THREAD_ARRIVE)
         c += n_end
 
         empty = l_i == 0.0
@@ -413,7 +434,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
-                    PINGPONG: gl.constexpr):
+                    PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -456,11 +477,11 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS)
-        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS * (128 if THREAD_ARRIVE else 1))
+        mbarrier.init(v_empty.index(i), count=CONSUMERS * (128 if THREAD_ARRIVE else 1))
     if PINGPONG:
         for w in gl.static_range(2):
-            mbarrier.init(turns.index(w), count=1)
+            mbarrier.init(turns.index(w), count=128 if THREAD_ARRIVE else 1)
     fence_async_shared()
 
     if live:
@@ -473,15 +494,15 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -491,11 +512,11 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -621,6 +642,7 @@ def gluon_attention_forward(
     consumers: Optional[int] = None,
     kv_together: Optional[bool] = None,
     pingpong: Optional[bool] = None,
+    thread_arrive: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -672,7 +694,8 @@ def gluon_attention_forward(
     regs = REGS if consumers == 2 else REGS_3
     constexprs = (bool(causal), store_lse, stages, q_buffers(head_dim, block_n, stages, consumers), regs[0], regs[1],
                   varlen, persistent, consumers, head_dim in KV_TOGETHER if kv_together is None else bool(kv_together),
-                  head_dim in PINGPONG if pingpong is None else bool(pingpong))
+                  head_dim in PINGPONG if pingpong is None else bool(pingpong),
+                  head_dim in THREAD_ARRIVE if thread_arrive is None else bool(thread_arrive))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
