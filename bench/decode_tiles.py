@@ -42,7 +42,7 @@ def main() -> None:
 
     def with_tile(tile, call):
         def run():
-            decode._SETUP[(D, device)] = tuple(tile) + shipped_setup[3:]
+            decode._SETUP[(D, device)] = tuple(tile) + shipped_setup[3:-1] + (None,)  # the tile at every split count
             try:
                 return call()
             finally:

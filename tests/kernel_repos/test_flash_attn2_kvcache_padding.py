@@ -226,7 +226,7 @@ def test_the_gpu_path_reads_no_device_value_on_the_host(monkeypatch):
     monkeypatch.setattr(decode, "_capturing", lambda: False)
     monkeypatch.setattr(decode, "_COUNTERS", {})  # the fake counters stay in this test
     monkeypatch.setitem(autograd._CUDA_BACKENDS, device, "gpu")
-    monkeypatch.setitem(decode._SETUP, (D, device), (128, 4, 4, 32, 132, True))  # an H100/H200's
+    monkeypatch.setitem(decode._SETUP, (D, device), decode.gpu_setup(D, (9, 0), 132))  # an H100/H200's
     monkeypatch.setitem(fwd._CAPABILITY, device, (9, 0))
     with FakeTensorMode():
         def empty(*shape, dtype=torch.float16):

@@ -433,9 +433,17 @@ def _counters(device: torch.device, n: int, stream: int) -> torch.Tensor:
 
 _SETUP: dict = {}
 
+# sm90, head_dim 65-128: the tile of a call that reads each row in one slice. With one split the
+# launch holds one program per (row, KV head) and each streams its whole row: 128-key blocks in
+# 2 stages kept the copies in flight better than the 64-key, 4-stage tile the split calls take
+# (batch 32 x GQA 32/8 x 4k, bench/results/decode_tiles.md: 0.99x cuDNN against 0.97-0.98x, paged
+# and contiguous alike)
+ONE_SPLIT_CONFIG_SM90 = {128: (128, 4, 2)}
+
 
 def _device_setup(head_dim: int, device: torch.device) -> tuple:
-    """(BLOCK_N, num_warps, num_stages, BLOCK_D, SM count, on a GPU) for head_dim on device.
+    """(BLOCK_N, num_warps, num_stages, BLOCK_D, SM count, on a GPU, one-split config or None) for
+    head_dim on device.
 
     Computed once per (head_dim, device): device queries on every decode step are host time.
     The configs are the ones fast on both cache layouts, contiguous and paged (bench/NOTES.md, Kernel tuning).
@@ -447,13 +455,18 @@ def _device_setup(head_dim: int, device: torch.device) -> tuple:
     setup = _SETUP.get(key)
     if setup is None:
         if device.type == "cuda":
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
-            config = _config_for(head_dim, _capability(device) in ((8, 0), (9, 0)))
-            setup = config + (next_pow2_dim(head_dim), sms, True)
+            setup = gpu_setup(head_dim, _capability(device), torch.cuda.get_device_properties(device).multi_processor_count)
         else:
-            setup = (16, 1, 1, next_pow2_dim(head_dim), 4, False)
+            setup = (16, 1, 1, next_pow2_dim(head_dim), 4, False, None)
         _SETUP[key] = setup
     return setup
+
+
+def gpu_setup(head_dim: int, capability: tuple, sms: int) -> tuple:
+    """:func:`_device_setup`'s answer for a GPU of ``capability`` with ``sms`` SMs. Raises nothing."""
+    config = _config_for(head_dim, capability in ((8, 0), (9, 0)))
+    one_split = ONE_SPLIT_CONFIG_SM90.get(next_pow2_dim(head_dim)) if capability == (9, 0) and head_dim > 64 else None
+    return config + (next_pow2_dim(head_dim), sms, True, one_split)
 
 
 def _config_for(head_dim: int, big_smem: bool) -> tuple[int, int, int]:
@@ -531,7 +544,7 @@ def decode_attention(
     lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device) if need_lse else None
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    block_n, num_warps, num_stages, block_d, sms, on_gpu = _SETUP.get((head_dim, device)) or \
+    block_n, num_warps, num_stages, block_d, sms, on_gpu, one_split = _SETUP.get((head_dim, device)) or \
         _device_setup(head_dim, device)
     if config is not None:
         block_n, num_warps, num_stages = config
@@ -541,6 +554,8 @@ def decode_attention(
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
     splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, sms, on_gpu, block_n)
+    if splits == 1 and config is None and one_split is not None:
+        block_n, num_warps, num_stages = one_split
     page_size = k_cache.shape[1] if block_table is not None else 0
     if seqlen_q == 1:
         qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
