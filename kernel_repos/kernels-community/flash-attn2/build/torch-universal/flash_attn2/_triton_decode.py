@@ -344,14 +344,19 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 SHORT_CONTEXT = 4096
 
 
-def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, block_n: int) -> int:
+def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, block_n: int,
+                      whole_rows: bool = False) -> int:
     """How many key slices per row: enough programs for a few per SM, never slices under ~2 blocks.
 
     Chosen from the cache capacity rather than the actual lengths, so no host sync is needed;
-    slices past a row's length end at once.
+    slices past a row's length end at once. ``whole_rows``: one slice per row is an option at any
+    length (a contiguous cache with :data:`ONE_SPLIT_CONFIG_SM90`'s tile), taken when the
+    programs fill whole waves of one per SM to :data:`WHOLE_ROWS_MIN_FILL`.
     """
     target = 3 * sms
     if programs >= target:
+        return 1
+    if whole_rows and programs >= sms and programs / (-(-programs // sms) * sms) >= WHOLE_ROWS_MIN_FILL:
         return 1
     if on_gpu and capacity <= SHORT_CONTEXT and 3 * programs >= sms:
         # Short contexts over a third of the SMs or more: one split. More would save a few us of
@@ -439,6 +444,13 @@ _SETUP: dict = {}
 # (batch 32 x GQA 32/8 x 4k, bench/results/decode_tiles.md: 0.99x cuDNN against 0.97-0.98x, paged
 # and contiguous alike)
 ONE_SPLIT_CONFIG_SM90 = {128: (128, 4, 2)}
+# A contiguous cache is read in one slice per row at any length when its programs fill this share
+# of whole waves of one program per SM (the one-split tile's shared memory leaves room for one):
+# 256 programs on 132 SMs (0.97) read 32k keys at 1.00x cuDNN in one slice against 0.98x in two
+# (bench/results/decode.md, 'contiguous 1 split'). A paged cache keeps its slices: there one
+# slice per 32k-key row read 0.95x (each key looks its page up, and one program per SM hides
+# less of that latency).
+WHOLE_ROWS_MIN_FILL = 0.9
 
 
 def _device_setup(head_dim: int, device: torch.device) -> tuple:
@@ -553,7 +565,8 @@ def decode_attention(
         block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
-    splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, sms, on_gpu, block_n)
+    splits = num_splits if num_splits > 0 else choose_num_splits(
+        programs, capacity, sms, on_gpu, block_n, whole_rows=one_split is not None and block_table is None and config is None)
     if splits == 1 and config is None and one_split is not None:
         block_n, num_warps, num_stages = one_split
     page_size = k_cache.shape[1] if block_table is not None else 0
