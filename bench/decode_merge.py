@@ -161,7 +161,7 @@ def main() -> None:
         makers = {"shipped": ours(0), "one_slice": ours(1), "two_kernels": ours(fill, False),
                   **{f"merged_c{c}": ours(fill, True, c) for c in CHUNKS}, "cudnn": cudnn}
         row = dict(batch=batch, keys=keys, splits=fill, shipped_splits=dec.choose_num_splits(
-            batch * HK, keys, sms, True, block_n))
+            batch * HK, keys, sms, True, block_n, whole_rows=setup[6] is not None))  # a dense cache
         samples = {name: [] for name in makers}
         for r in range(ROUNDS):
             names = list(makers)[r % len(makers):] + list(makers)[:r % len(makers)]
