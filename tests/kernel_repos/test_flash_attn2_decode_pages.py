@@ -38,9 +38,11 @@ def test_preload_covers_every_page_a_split_touches():
                 assert n >= (PAGE - 1 + keys + PAGE - 1) // PAGE
 
 
+# the interpreter's tile, and sm90's one-split tile (128-key blocks: one covers 8 of these pages)
+@pytest.mark.parametrize("config", [None, (128, 4, 2)], ids=["cpu-tile", "one-split-tile"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("window", [-1, 21])
-def test_preloaded_and_per_key_page_lookups_agree(monkeypatch, splits, window):
+def test_preloaded_and_per_key_page_lookups_agree(monkeypatch, splits, window, config):
     torch.manual_seed(splits + window)
     pages = 12
     k_cache = torch.randn(pages, PAGE, 2, D, dtype=torch.float16)
@@ -56,10 +58,10 @@ def test_preloaded_and_per_key_page_lookups_agree(monkeypatch, splits, window):
             q, k_cache, v_cache, total_lens=lens, total_len_uniform=0, capacity=capacity,
             block_table=table, batch_idx=None, leftpad=leftpad, alibi_slopes=None,
             softmax_scale=D ** -0.5, window_left=window, window_right=-1, softcap=0.0,
-            num_splits=splits)
+            num_splits=splits, config=config)
         return out.float(), lse
 
-    assert decode.preload_pages(capacity, PAGE, 16, splits) > 0
+    assert decode.preload_pages(capacity, PAGE, config[0] if config else 16, splits) > 0
     pre_out, pre_lse = run()
     monkeypatch.setattr(decode, "PRELOAD_MAX", 0)
     key_out, key_lse = run()
