@@ -467,7 +467,8 @@ def _device_setup(head_dim: int, device: torch.device) -> tuple:
     setup = _SETUP.get(key)
     if setup is None:
         if device.type == "cuda":
-            setup = gpu_setup(head_dim, _capability(device), torch.cuda.get_device_properties(device).multi_processor_count)
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            setup = gpu_setup(head_dim, _capability(device), sms)
         else:
             setup = (16, 1, 1, next_pow2_dim(head_dim), 4, False, None)
         _SETUP[key] = setup
@@ -477,7 +478,9 @@ def _device_setup(head_dim: int, device: torch.device) -> tuple:
 def gpu_setup(head_dim: int, capability: tuple, sms: int) -> tuple:
     """:func:`_device_setup`'s answer for a GPU of ``capability`` with ``sms`` SMs. Raises nothing."""
     config = _config_for(head_dim, capability in ((8, 0), (9, 0)))
-    one_split = ONE_SPLIT_CONFIG_SM90.get(next_pow2_dim(head_dim)) if capability == (9, 0) and head_dim > 64 else None
+    one_split = None
+    if capability == (9, 0) and head_dim > 64:
+        one_split = ONE_SPLIT_CONFIG_SM90.get(next_pow2_dim(head_dim))
     return config + (next_pow2_dim(head_dim), sms, True, one_split)
 
 
@@ -565,8 +568,8 @@ def decode_attention(
         block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
-    splits = num_splits if num_splits > 0 else choose_num_splits(
-        programs, capacity, sms, on_gpu, block_n, whole_rows=one_split is not None and block_table is None and config is None)
+    whole_rows = one_split is not None and block_table is None and config is None  # see WHOLE_ROWS_MIN_FILL
+    splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
     if splits == 1 and config is None and one_split is not None:
         block_n, num_warps, num_stages = one_split
     page_size = k_cache.shape[1] if block_table is not None else 0
