@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flash_ref import load_flash_attn2
+from flash_ref import load_flash_attn2, run_compiling_child
 from launch_record import recording, triton_specialisation
 
 fa = load_flash_attn2()
@@ -251,3 +251,29 @@ def test_a_failing_background_hash_leaves_the_compile_to_raise(fake_driver, monk
     launch._HASHING.join(5)
     launch._hash_compiler_once()  # returns: Triton's compile calls triton_key itself and raises there
     assert launch._COMPILER_HASHED
+
+
+_HASH_THREAD_CHILD = """
+import threading
+import _fa2_sm90._launch as launch
+assert "triton" not in sys.modules, "importing the package imported Triton"
+gate = threading.Event()
+launch._triton_key = lambda: gate.wait(10)
+launch._HASHING, launch._COMPILER_HASHED, launch.COMPILE_THREADS = None, False, 2
+launch.hash_compiler_in_background()
+started = launch._HASHING is not None
+imported = "triton.runtime.cache" in sys.modules and hasattr(sys.modules["triton"], "backends")
+gate.set()
+launch._HASHING.join(10)
+print(started, imported)
+"""
+
+
+def test_triton_is_imported_on_the_calling_thread_before_the_hash_thread_starts(tmp_path):
+    # imported for the first time on the hashing thread, Triton raced with the caller's own
+    # imports of it (torch.compile right after the package's import found Triton half imported);
+    # the hash itself imports nothing once Triton is (a fresh process: the test suite's own
+    # Triton is imported long ago)
+    done = run_compiling_child(_HASH_THREAD_CHILD, (), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "True"]

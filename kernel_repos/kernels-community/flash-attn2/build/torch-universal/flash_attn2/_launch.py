@@ -467,6 +467,14 @@ def hash_compiler_in_background() -> None:
     threads off (``COMPILE_THREADS`` 0). Raises nothing."""
     global _HASHING
     if _HASHING is None and not _COMPILER_HASHED and COMPILE_THREADS > 0:
+        # Triton is imported here, on the calling thread: imported for the first time on the
+        # hashing thread, it raced with the caller's own first import of it (torch.compile's
+        # import of torch._inductor right after this package's found a Triton without its
+        # `backends`); once imported, the hash imports nothing more and only reads files
+        try:
+            import triton.runtime.cache  # noqa: F401
+        except ImportError:  # no Triton: nothing will compile or look a kernel up
+            return
         _HASHING = threading.Thread(target=_triton_key, name="flash_attn2-compiler-hash", daemon=True)
         _HASHING.start()
 
