@@ -467,10 +467,13 @@ def hash_compiler_in_background() -> None:
     threads off (``COMPILE_THREADS`` 0). Raises nothing."""
     global _HASHING
     if _HASHING is None and not _COMPILER_HASHED and COMPILE_THREADS > 0:
-        # Triton is imported here, on the calling thread: imported for the first time on the
-        # hashing thread, it raced with the caller's own first import of it (torch.compile's
-        # import of torch._inductor right after this package's found a Triton without its
-        # `backends`); once imported, the hash imports nothing more and only reads files
+        # Triton is imported here, on the calling thread. Imported for the first time on the
+        # hashing thread, beside the caller's own imports, it left a Triton without `backends`
+        # (torch.compile in bench/attention.py raised on it): a first import that fails on a
+        # thread (Python gives up on imports two threads wait on each other for) is dropped from
+        # sys.modules while its submodules stay, and the next `import triton` builds a package
+        # without them, the failure itself swallowed below. Once Triton is imported, the hash
+        # imports nothing more and only reads files.
         try:
             import triton.runtime.cache  # noqa: F401
         except ImportError:  # no Triton: nothing will compile or look a kernel up
