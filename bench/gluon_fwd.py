@@ -11,6 +11,9 @@ causal and not (forward = 4·B·H·S²·D FLOPs, halved when causal), the median
 ``triton.testing.do_bench``; each provider in its native layout::
 
     PYTHONPATH=. python3 bench/gluon_fwd.py [--out DIR] [--commit SHA]   # sm90 GPU, Triton 3.6
+
+Each (head_dim, seq) row takes about 40 s with seven contenders: ``--kernels``, ``--head-dims``
+and ``--seqs`` pick a subset that fits a time budget.
 """
 
 from __future__ import annotations
@@ -283,11 +286,14 @@ def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--kernels", help="comma-separated kernel names to keep (default: all of KERNELS)")
     parser.add_argument("--head-dims", help="comma-separated head dims to check and time (default: 64,128,256)")
+    parser.add_argument("--seqs", help="comma-separated sequence lengths to time (default: 1024,4096,16384)")
     parser.add_argument("--checks-only", action="store_true", help="run the checks, print them, time nothing")
     args = parser.parse_args()
+    global HEAD_DIMS, SEQS
     if args.head_dims:
-        global HEAD_DIMS
         HEAD_DIMS = tuple(int(d) for d in args.head_dims.split(","))
+    if args.seqs:
+        SEQS = tuple(int(s) for s in args.seqs.split(","))
     if args.kernels:
         keep = set(args.kernels.split(","))
         for d in HEAD_DIMS:
