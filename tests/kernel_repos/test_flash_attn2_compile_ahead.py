@@ -280,3 +280,36 @@ def test_triton_is_imported_on_the_calling_thread_before_the_hash_thread_starts(
     assert done.returncode == 0, done.stderr[-3000:]
     # started, Triton imported before it, the hash done, and no module imported by the hash
     assert done.stdout.split() == ["True", "True", "True", "True"]
+
+
+_POOL_CHILD = """
+import threading
+import _fa2_sm90._launch as launch
+gate = threading.Event()
+seen = []
+
+
+class Job:  # a launcher whose compile only waits: any import meanwhile is the caller's
+    def ready(self, *args):
+        return False
+
+    def warmup(self, *args):
+        gate.wait(10)
+
+
+launch.COMPILE_THREADS, launch._COMPILER_HASHED = 2, True
+assert "triton.compiler.code_generator" not in sys.modules
+futures = launch.compile_all([(Job(), (), (), 4, 2)])
+seen.append("triton.compiler.code_generator" in sys.modules)
+gate.set()
+launch.wait(futures)
+print(len(futures), seen[0])
+"""
+
+
+def test_the_compiler_is_imported_on_the_calling_thread_before_the_pool_compiles(tmp_path):
+    # a first compile imports Triton's code generator and Gluon's language modules; imported
+    # by the pool's threads and the caller at once, one of them could fail (see the test above)
+    done = run_compiling_child(_POOL_CHILD, (), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1", "True"]

@@ -502,6 +502,26 @@ def _hash_compiler_once() -> None:
     _COMPILER_HASHED = True
 
 
+_COMPILER_IMPORTED = False
+
+
+def _import_compiler() -> None:
+    """Import Triton's code generator, which a first compile imports (with Gluon's language
+    modules, some forty modules), on the calling thread before compiles start on the pool.
+
+    Why: a first import of a module that two threads start at once can fail on one of them
+    (Python gives up on imports that wait on each other), and a failed import leaves its
+    package out of ``sys.modules`` with its submodules in (see :func:`hash_compiler_in_background`).
+    Raises nothing (a Triton without that module: its compile imports what it needs)."""
+    global _COMPILER_IMPORTED
+    if not _COMPILER_IMPORTED:
+        try:
+            import triton.compiler.code_generator  # noqa: F401
+        except ImportError:
+            pass
+        _COMPILER_IMPORTED = True
+
+
 def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
     """Start compiling the kernels of ``jobs`` that are not compiled yet, each on a thread of the
     pool; returns their Futures (empty when there is nothing to compile or threads are off:
@@ -516,6 +536,7 @@ def compile_all(jobs: Iterable[Job], device: Any = None) -> list:
     if not todo:
         return []
     _hash_compiler_once()
+    _import_compiler()
 
     def one(job: Job) -> None:
         cuda = device is not None and torch.device(device).type == "cuda"
