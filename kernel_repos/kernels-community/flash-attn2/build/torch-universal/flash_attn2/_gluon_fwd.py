@@ -474,14 +474,15 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
     for w in gl.static_range(CONSUMERS * QBUF):
         mbarrier.init(q_ready.index(w), count=1)
         mbarrier.init(q_empty.index(w), count=1)
+    ARRIVALS: gl.constexpr = 128 if THREAD_ARRIVE else 1  # a consumer's arrivals per release
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=CONSUMERS * (128 if THREAD_ARRIVE else 1))
-        mbarrier.init(v_empty.index(i), count=CONSUMERS * (128 if THREAD_ARRIVE else 1))
+        mbarrier.init(k_empty.index(i), count=CONSUMERS * ARRIVALS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS * ARRIVALS)
     if PINGPONG:
         for w in gl.static_range(2):
-            mbarrier.init(turns.index(w), count=128 if THREAD_ARRIVE else 1)
+            mbarrier.init(turns.index(w), count=ARRIVALS)
     fence_async_shared()
 
     if live:

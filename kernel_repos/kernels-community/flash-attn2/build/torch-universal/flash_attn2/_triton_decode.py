@@ -568,8 +568,11 @@ def decode_attention(
         block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
-    whole_rows = one_split is not None and block_table is None and config is None  # see WHOLE_ROWS_MIN_FILL
-    splits = num_splits if num_splits > 0 else choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
+    if num_splits > 0:
+        splits = num_splits
+    else:  # a dense cache may be read whole (WHOLE_ROWS_MIN_FILL)
+        whole_rows = one_split is not None and block_table is None and config is None
+        splits = choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
     if splits == 1 and config is None and one_split is not None:
         block_n, num_warps, num_stages = one_split
     page_size = k_cache.shape[1] if block_table is not None else 0
