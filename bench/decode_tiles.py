@@ -10,7 +10,10 @@ setup for head_dim 128; every variant's output is first checked against the ship
 The median over interleaved rounds of ``triton.testing.do_bench`` medians, TB/s of K+V read.
 Writes ``bench/results/decode_tiles.md`` and ``.json``::
 
-    python bench/decode_tiles.py
+    python bench/decode_tiles.py [--tiles 128x4x2,128x4x3] [--splits 1,2] [--contexts 32768]
+
+``--tiles`` / ``--splits`` / ``--contexts`` time a subset (default: every tile of TILES at every
+split count of SPLITS, at both contexts).
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ PRELOAD_BIG = 128
 
 
 def main() -> None:
-    args = harness.arguments(__doc__).parse_args()
+    parser = harness.arguments(__doc__)
+    parser.add_argument("--tiles", help="comma-separated BLOCK_NxWARPSxSTAGES tiles (default: TILES)")
+    parser.add_argument("--splits", help="comma-separated split counts (default: 1,2,3,4)")
+    parser.add_argument("--contexts", help="comma-separated context lengths (default: decode.py's)")
+    args = parser.parse_args()
+    tiles = tuple(tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")) if args.tiles else TILES
+    splits_tried = tuple(int(x) for x in args.splits.split(",")) if args.splits else SPLITS
+    contexts = tuple(int(x) for x in args.contexts.split(",")) if args.contexts else CONTEXTS
     import torch
     from torch.nn.attention import SDPBackend
 
@@ -50,7 +60,7 @@ def main() -> None:
         return run
 
     rows = []
-    for ctx in CONTEXTS:
+    for ctx in contexts:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
         q, k, v, lens, kp, vp, table = inputs(ctx)
         layouts = {
@@ -66,8 +76,8 @@ def main() -> None:
         runs, wrong = {}, []
         for layout, call in layouts.items():
             runs[(layout, "shipped", 0)] = lambda c=call: c(0)
-            for tile in TILES:
-                for splits in SPLITS:
+            for tile in tiles:
+                for splits in splits_tried:
                     run = with_tile(tile, lambda c=call, s=splits: c(s))
                     try:
                         got = run().float()
