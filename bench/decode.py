@@ -20,14 +20,12 @@ SPLITS_TRIED = (1, 2)
 
 def with_preload_max(decode, most, call):
     """``call()`` with the decode kernel module ``decode`` preloading at most ``most`` block-table
-    entries per split (0: each key looks its page up), whichever tile the call takes;
-    ``decode.PRELOAD_MAX`` and ``decode.PAGED_SPLIT_PRELOAD_MAX`` are read per call."""
-    saved = decode.PRELOAD_MAX, decode.PAGED_SPLIT_PRELOAD_MAX
-    decode.PRELOAD_MAX = decode.PAGED_SPLIT_PRELOAD_MAX = most
+    entries per split (0: each key looks its page up); ``decode.PRELOAD_MAX`` is read per call."""
+    saved, decode.PRELOAD_MAX = decode.PRELOAD_MAX, most
     try:
         return call()
     finally:
-        decode.PRELOAD_MAX, decode.PAGED_SPLIT_PRELOAD_MAX = saved
+        decode.PRELOAD_MAX = saved
 
 
 def inputs(ctx: int) -> tuple:

@@ -21,7 +21,6 @@ PAGE, D = 16, 32
     (4096, 256, 64, 1, 32),    # 16 pages + 1 for a mid-page start -> 32
     (4096, 256, 64, 2, 16),    # 2048 keys per split: 8 + 1 -> 16
     (32768, 256, 64, 2, 0),    # 64 + 1 pages per split: past PRELOAD_MAX, per-key lookups
-    (32768, 256, 128, 2, 0),   # the same with 128-key blocks
     (100, 16, 16, 1, 8),       # 7 blocks of 16 keys: 7 + 1 -> 8
     (4096, 0, 64, 1, 0),       # not paged
 ])
@@ -78,47 +77,6 @@ def test_preloaded_and_per_key_page_lookups_agree(monkeypatch, splits, window, c
         vv = vals.float().repeat_interleave(2, 1).transpose(0, 1)
         scores = (q[b, 0].float()[:, None, :] @ kk.transpose(1, 2)) * D ** -0.5
         ref = (scores.softmax(-1) @ vv)[:, 0]
-        assert rel_err(pre_out[b, 0], ref) < 3e-3
-
-
-def test_a_slice_preloads_up_to_128_pages_with_the_paged_split_tile(monkeypatch):
-    """sm90's tile for paged calls read in slices (PAGED_SPLIT_CONFIG_SM90: 128-key blocks,
-    PAGED_SPLIT_PRELOAD_MAX entries a slice): two slices of 2,000-key rows over 16-key pages
-    each preload 64 + 1 pages' entries (128) and agree with per-key lookups and with attention
-    over the keys the table names (left padding: the slices start mid-page)."""
-    assert decode.PAGED_SPLIT_CONFIG_SM90[128][0] == 128 and decode.PAGED_SPLIT_PRELOAD_MAX == 128
-    torch.manual_seed(5)
-    pages, per_row = 140, 128
-    k_cache = torch.randn(pages, PAGE, 2, D, dtype=torch.float16)
-    v_cache = torch.randn(pages, PAGE, 2, D, dtype=torch.float16)
-    table = torch.stack([torch.randperm(pages)[:per_row] for _ in range(2)]).to(torch.int32)
-    capacity = per_row * PAGE
-    lens = torch.tensor([capacity, 2000], dtype=torch.int32)
-    leftpad = torch.tensor([0, 9], dtype=torch.int32)
-    q = torch.randn(2, 1, 4, D, dtype=torch.float16)
-    config = decode.PAGED_SPLIT_CONFIG_SM90[128]
-
-    def run():
-        out, lse = decode.decode_attention(
-            q, k_cache, v_cache, total_lens=lens, total_len_uniform=0, capacity=capacity,
-            block_table=table, batch_idx=None, leftpad=leftpad, alibi_slopes=None,
-            softmax_scale=D ** -0.5, window_left=-1, window_right=-1, softcap=0.0,
-            num_splits=2, config=config)
-        return out.float(), lse
-
-    assert decode.preload_pages(capacity, PAGE, 128, 2, decode.PAGED_SPLIT_PRELOAD_MAX) == 128
-    monkeypatch.setattr(decode, "PRELOAD_MAX", decode.PAGED_SPLIT_PRELOAD_MAX)  # config given: the shipped limit applies
-    pre_out, pre_lse = run()
-    monkeypatch.setattr(decode, "PRELOAD_MAX", 0)
-    key_out, key_lse = run()
-    assert rel_err(pre_out, key_out) < 1e-3
-    assert torch.allclose(pre_lse, key_lse, atol=1e-3)
-    for b in range(2):
-        keys = torch.cat([k_cache[p] for p in table[b].tolist()])[leftpad[b]:lens[b]]
-        vals = torch.cat([v_cache[p] for p in table[b].tolist()])[leftpad[b]:lens[b]]
-        kk = keys.float().repeat_interleave(2, 1).transpose(0, 1)
-        vv = vals.float().repeat_interleave(2, 1).transpose(0, 1)
-        ref = (((q[b, 0].float()[:, None, :] @ kk.transpose(1, 2)) * D ** -0.5).softmax(-1) @ vv)[:, 0]
         assert rel_err(pre_out[b, 0], ref) < 3e-3
 
 

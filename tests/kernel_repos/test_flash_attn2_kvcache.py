@@ -452,18 +452,15 @@ def test_split_count_fills_the_gpu_for_long_contexts_and_keeps_one_launch_for_sh
 def test_a_row_read_in_one_slice_takes_the_one_split_tile_on_sm90(monkeypatch, sm90):
     """head_dim 128: a call whose rows are each read by one program (one split) takes the
     128-key, 2-stage tile on sm90 (measured faster there, ONE_SPLIT_CONFIG_SM90), and a contiguous
-    cache is read that way at any length once the programs fill whole waves of one per SM. A paged
-    cache keeps its slices on long rows; when those fill whole waves, on sm90 they take the
-    128-key, 3-stage tile with every block-table entry a slice reads preloaded
-    (PAGED_SPLIT_CONFIG_SM90). Other split calls and other GPUs keep the 64-key, 4-stage tile.
-    The calls run on fake CUDA tensors with the launches recorded, as on an H200 (132 SMs) or an
-    A100-like sm80 GPU."""
+    cache is read that way at any length once the programs fill whole waves of one per SM; split
+    calls, paged long rows and other GPUs keep the 64-key, 4-stage tile. The calls run on fake CUDA
+    tensors with the launches recorded, as on an H200 (132 SMs) or an A100-like sm80 GPU."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     decode = _load("_triton_decode")
     launches = []
     monkeypatch.setattr(decode, "_SPLIT", lambda grid, args, constexprs, warps, stages:
-                        launches.append((grid[0], (constexprs[2], warps, stages), constexprs[5])))
+                        launches.append((grid[0], (constexprs[2], warps, stages))))
     monkeypatch.setattr(decode, "_COMBINE", lambda *args: None)
     monkeypatch.setattr(decode, "_current_stream", lambda device: 0)
     monkeypatch.setattr(decode, "_capturing", lambda: False)
@@ -479,22 +476,15 @@ def test_a_row_read_in_one_slice_takes_the_one_split_tile_on_sm90(monkeypatch, s
         decode.decode_attention(q, cache, cache, total_lens=None, total_len_uniform=keys, capacity=keys,
                                 block_table=table, batch_idx=None, leftpad=None, alibi_slopes=None,
                                 softmax_scale=0.1, window_left=-1, window_right=-1, softcap=0.0)
-        splits, tile, preload = launches.pop()
-        return splits, tile, preload
+        return launches.pop()
 
     one_split, split = (128, 4, 2) if sm90 else (64, 4, 4), (64, 4, 4)
     with FakeTensorMode():
-        assert call(32, 4096, paged=False)[:2] == (1, one_split)  # 256 programs over short rows
-        assert call(32, 4096, paged=True) == (1, one_split, 32)  # 16 + 1 pages preloaded
+        assert call(32, 4096, paged=False) == (1, one_split)  # 256 programs over short rows
+        assert call(32, 4096, paged=True) == (1, one_split)
         assert call(1, 32768, paged=False)[1] == split  # 8 programs: the rows are sliced
-        splits, tile, _ = call(32, 32768, paged=False)  # 256 programs: 0.97 of two waves of 132
+        splits, tile = call(32, 32768, paged=False)  # 256 programs: 0.97 of two waves of 132
         assert (splits, tile) == (1, one_split) if sm90 else (splits > 1 and tile == split)
-        # paged long rows keep their slices: 2 x 256 programs fill 0.97 of four waves, so on sm90
-        # each slice preloads its 64 + 1 pages' entries (128); elsewhere it looks each key's page up
-        splits, tile, preload = call(32, 32768, paged=True)
-        assert splits == 2
-        assert (tile, preload) == ((128, 4, 3), 128) if sm90 else (tile == split and preload == 0)
-        # 8 rows (64 programs) in 7 slices fill 448 of 528 slots: the split tile, whose slices
-        # read 19 + 1 pages each (at most PRELOAD_MAX preloaded)
-        assert call(8, 32768, paged=True) == (7, split, 32)
+        splits, tile = call(32, 32768, paged=True)  # paged long rows keep their slices
+        assert splits > 1 and tile == split
     assert decode.choose_num_splits(140, 32768, 132, True, 64, whole_rows=True) > 1  # 140 of 264 slots: sliced

@@ -344,11 +344,6 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 SHORT_CONTEXT = 4096
 
 
-def fills_waves(programs: int, sms: int) -> bool:
-    """Whether ``programs`` (one per SM at a time) fill their waves to WHOLE_ROWS_MIN_FILL."""
-    return programs >= sms and programs / (-(-programs // sms) * sms) >= WHOLE_ROWS_MIN_FILL
-
-
 def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, block_n: int,
                       whole_rows: bool = False) -> int:
     """How many key slices per row: enough programs for a few per SM, never slices under ~2 blocks.
@@ -361,7 +356,7 @@ def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, bloc
     target = 3 * sms
     if programs >= target:
         return 1
-    if whole_rows and fills_waves(programs, sms):
+    if whole_rows and programs >= sms and programs / (-(-programs // sms) * sms) >= WHOLE_ROWS_MIN_FILL:
         return 1
     if on_gpu and capacity <= SHORT_CONTEXT and 3 * programs >= sms:
         # Short contexts over a third of the SMs or more: one split. More would save a few us of
@@ -379,9 +374,8 @@ def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, bloc
 PRELOAD_MAX = 32
 
 
-def preload_pages(capacity: int, page_size: int, block_n: int, splits: int, most: int | None = None) -> int:
-    """Block-table entries one split preloads (0: look pages up per key), at most ``most``
-    (default :data:`PRELOAD_MAX`).
+def preload_pages(capacity: int, page_size: int, block_n: int, splits: int) -> int:
+    """Block-table entries one split preloads (0: look pages up per key; see PRELOAD_MAX).
 
     A split reads at most ceil(ceil(capacity / block_n) / splits) blocks, which start anywhere in
     a page (left padding, windows), so they touch at most that many keys' pages plus one.
@@ -391,7 +385,7 @@ def preload_pages(capacity: int, page_size: int, block_n: int, splits: int, most
     keys = -(-(-(-capacity // block_n)) // splits) * block_n
     pages = -(-keys // page_size) + 1
     preload = 1 << (pages - 1).bit_length()
-    return preload if preload <= (PRELOAD_MAX if most is None else most) else 0
+    return preload if preload <= PRELOAD_MAX else 0
 
 
 # Several slices per row are merged by the last of them to finish (a per-tile arrival counter)
@@ -457,14 +451,6 @@ ONE_SPLIT_CONFIG_SM90 = {128: (128, 4, 2)}
 # slice per 32k-key row read 0.95x (each key looks its page up, and one program per SM hides
 # less of that latency).
 WHOLE_ROWS_MIN_FILL = 0.9
-# sm90, head_dim 65-128: the tile of a paged call read in slices whose programs fill whole waves
-# of one per SM to WHOLE_ROWS_MIN_FILL, with up to PAGED_SPLIT_PRELOAD_MAX block-table entries
-# preloaded per slice. Batch 32 x GQA 32/8 over 32k keys in 2 slices (512 programs on 132 SMs):
-# 0.99x cuDNN against 0.98x with the 64-key, 4-stage tile and per-key page lookups; the
-# 3-stage tile needs the preloaded pages (0.85x with per-key lookups), the preload the third stage
-# (0.82x with two) (bench/results/decode_tiles.md)
-PAGED_SPLIT_CONFIG_SM90 = {128: (128, 4, 3)}
-PAGED_SPLIT_PRELOAD_MAX = 128
 
 
 def _device_setup(head_dim: int, device: torch.device) -> tuple:
@@ -587,13 +573,8 @@ def decode_attention(
     else:  # a dense cache may be read whole (WHOLE_ROWS_MIN_FILL)
         whole_rows = one_split is not None and block_table is None and config is None
         splits = choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
-    preload_most = PRELOAD_MAX
     if splits == 1 and config is None and one_split is not None:
         block_n, num_warps, num_stages = one_split
-    elif (splits > 1 and config is None and one_split is not None and block_table is not None
-          and block_d in PAGED_SPLIT_CONFIG_SM90 and fills_waves(programs * splits, sms)):
-        block_n, num_warps, num_stages = PAGED_SPLIT_CONFIG_SM90[block_d]
-        preload_most = PAGED_SPLIT_PRELOAD_MAX
     page_size = k_cache.shape[1] if block_table is not None else 0
     if seqlen_q == 1:
         qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
@@ -631,7 +612,7 @@ def decode_attention(
             seqlen_q, num_kv_heads, hd, total_len_uniform, capacity,
             softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, block_d, page_size, preload_pages(capacity, page_size, block_n, splits, preload_most),
+        (group, block_m, block_n, block_d, page_size, preload_pages(capacity, page_size, block_n, splits),
          splits, total_lens is not None, batch_idx is not None, leftpad is not None,
          alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
          need_lse or splits > 1, aligned, merge, merge and need_lse,
