@@ -97,7 +97,8 @@ def _strip_ring_barriers(ptx: str) -> str:
 
 
 def _install_strip_hook() -> None:
-    """Edit the PTX of Gluon launches made with STRIP_STAGES (chained after any hook set)."""
+    """Edit the PTX of the Gluon forward's launches made with STRIP_STAGES (chained after any
+    hook set before)."""
     from triton import knobs
     from triton.backends.compiler import Language
 
@@ -108,7 +109,12 @@ def _install_strip_hook() -> None:
             prev(backend, stages, options, language, capability)
         if language == Language.GLUON and options.num_stages == STRIP_STAGES:
             make_ptx = stages["ptx"]
-            stages["ptx"] = lambda src, metadata: _strip_ring_barriers(make_ptx(src, metadata))
+
+            def ptx(src, metadata):
+                out = make_ptx(src, metadata)  # names the kernel in metadata
+                return _strip_ring_barriers(out) if metadata.get("name") == "_gluon_attn_fwd" else out
+
+            stages["ptx"] = ptx
 
     knobs.runtime.add_stages_inspection_hook = hook
 
