@@ -81,16 +81,18 @@ def _strip_ring_barriers(ptx: str) -> str:
     are followed by other instructions and stay.
     """
     lines = ptx.split("\n")
+
+    def no_code(line: str) -> bool:  # blank, line info, a label or a comment (an inline asm's start is code)
+        text = line.strip()
+        return not text or text.startswith((".loc", "$L__tmp")) or (text.startswith("//") and "begin inline asm" not in text)
+
     keep = []
     for i, line in enumerate(lines):
         if line.strip().startswith("bar.sync"):
-            j = i + 1
-            while j < len(lines) and (not lines[j].strip() or lines[j].strip().startswith((".loc", "//", "$L__tmp"))
-                                      and "begin inline asm" not in lines[j]):
-                j += 1
+            j = next((n for n in range(i + 1, len(lines)) if not no_code(lines[n])), len(lines))
             block = " ".join(lines[j:j + 8])
-            if "begin inline asm" in lines[j] and ("mbarrier.try_wait" in block
-                                                   or "mbarrier.arrive.shared::cta.b64 _," in block):
+            if "begin inline asm" in block[:40] and ("mbarrier.try_wait" in block
+                                                     or "mbarrier.arrive.shared::cta.b64 _," in block):
                 continue
         keep.append(line)
     return "\n".join(keep)
