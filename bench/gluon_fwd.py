@@ -62,6 +62,15 @@ KERNELS[64].update(gluon_ta_c3=dict(thread_arrive=True, consumers=3))
 for _d in HEAD_DIMS:
     KERNELS[_d].update(gluon_nobar=dict(strip=True))
 
+# every head dim: the P·V wait kept after the softmax (_gluon_fwd.PIN_WAIT), alone and with the
+# row maxima folded pairwise (_gluon_fwd.TREE_MAX); both compute what the shipped kernel computes,
+# bit for bit (check_identical)
+for _d in HEAD_DIMS:
+    KERNELS[_d].update(gluon_pin=dict(pin_wait=True), gluon_pint=dict(pin_wait=True, tree_max=True),
+                       gluon_tree=dict(tree_max=True))
+# keyword arguments of variants whose results must equal the shipped kernel's bit for bit
+SAME_BITS = ("strip", "pin_wait", "tree_max")
+
 # The launches of the "strip" variants carry this num_stages (a Gluon kernel has no software
 # pipeliner, so the value changes nothing else): it keys them apart in Triton's caches and tells
 # the compile hook which PTX to edit
@@ -215,18 +224,20 @@ VARLEN_CASES = [  # (lengths of q, lengths of k, hq, hk, kv packed in one tensor
 
 
 def check_identical(gf, repeats: int = 20) -> list:
-    """Each "strip" variant beside the shipped kernel on the same inputs, ``repeats`` launches of
-    each at a timed size: the forward's arithmetic runs in a fixed order, so any output or lse
-    that differs from the shipped kernel's in one bit is a race the removed barriers let through."""
+    """Each variant that only schedules the shipped kernel's arithmetic differently (a
+    :data:`SAME_BITS` argument) beside the shipped kernel on the same inputs, ``repeats`` launches
+    of each at a timed size: the forward's arithmetic runs in a fixed order, so any output or lse
+    that differs from the shipped kernel's in one bit is a race (removed barriers, a wait moved)
+    or a changed result."""
     rows = []
     for d in HEAD_DIMS:
         for name, kwargs in KERNELS[d].items():
-            if not kwargs.get("strip"):
+            if not any(kwargs.get(key) for key in SAME_BITS):
                 continue
             for causal in (False, True):
                 torch.manual_seed(d + causal)
                 q, k, v = (torch.randn(4, 4096, HEADS, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                plain = dict(kwargs, strip=False)
+                plain = {key: value for key, value in kwargs.items() if key not in SAME_BITS}
                 ref_o, ref_l = forward(gf, q, k, v, softmax_scale=d ** -0.5, causal=causal, **plain)
                 differ = 0
                 for _ in range(repeats):

@@ -103,6 +103,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(PINGPONG=head_dim in gf.PINGPONG)
     if "THREAD_ARRIVE" in fn.arg_names:  # packages whose consumers can release slots by thread arrivals
         consts.update(THREAD_ARRIVE=head_dim in gf.THREAD_ARRIVE)
+    if "PIN_WAIT" in fn.arg_names:  # packages whose consumers can keep the P·V wait after the softmax
+        consts.update(PIN_WAIT=head_dim in gf.PIN_WAIT, TREE_MAX=head_dim in gf.TREE_MAX)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

@@ -21,6 +21,7 @@ from typing import Mapping, Optional, Tuple
 # 1.02-1.30x at head_dim 128, 1.24-1.36x at 256). head_dim 64 is absent: 0.70-0.97x there
 # (bench/NOTES.md).
 MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
+    (64, False): 0,
     (128, False): 0,
     (128, True): 0,
     (256, False): 0,

@@ -130,11 +130,75 @@ PINGPONG: frozenset = frozenset()
 # warpgroup barrier: Gluon puts a bar.sync before every mbarrier.arrive, and these are two of the
 # three a key block costs
 THREAD_ARRIVE: frozenset = frozenset()
+# head dims whose consumers wait for P_{j-1} V_{j-1} behind a predicate computed from the softmax
+# of block j (_after_softmax). Why: Gluon's PTX puts that wait after the softmax, but ptxas
+# schedules it as early as it may, before the exponentials, so a warpgroup's softmax never ran
+# under its own P·V (offline sm90 SASS, Triton 3.6); a predicate read from the row sums keeps the
+# wait after every exponential of the step
+PIN_WAIT: frozenset = frozenset({64})
+# head dims whose row maxima fold the thread's columns pairwise (_row_max: 5 dependent max
+# instructions at 128 keys instead of a chain of 31, the same result bit for bit)
+TREE_MAX: frozenset = frozenset()
+
+
+@gluon.jit
+def _row_max(s, TREE: gl.constexpr):
+    """The row maxima of a wgmma accumulator ``[ROWS, N]`` (N a power of two >= 8), in
+    ``SliceLayout(1, s.type.layout)``.
+
+    ``gl.max`` folds each thread's columns in one dependent chain (31 steps at N = 128). With
+    TREE the columns are halved pairwise first: in the accumulator's layout each column bit from
+    8 up is a register of the same thread, so every halving is a register-only max of two
+    vectors, down to the 8 columns a thread shares with three others, which ``gl.max`` then
+    finishes as before (one in-thread step, two shuffles). max is exact, so both give the same
+    bits.
+    """
+    if TREE:
+        R: gl.constexpr = s.shape[0]
+        N: gl.constexpr = s.shape[1]
+        x = s
+        if N >= 256:
+            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
+        if N >= 128:
+            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
+        if N >= 64:
+            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
+        if N >= 32:
+            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
+        if N >= 16:
+            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
+        return gl.convert_layout(gl.max(x, axis=1), gl.SliceLayout(1, s.type.layout))
+    else:
+        return gl.max(s, axis=1)
+
+
+@gluon.jit
+def _after_softmax(l_i):
+    """``l_i`` unchanged, returned once this warpgroup's wgmma groups are all complete.
+
+    The wait (``wgmma.wait_group 0``) sits behind a predicate read from the row sums, which
+    depend on every exponential of the step, so ptxas cannot schedule it above them (it moves an
+    unconditional wait as early as it may). The predicate is always true: a float sum is a
+    number, an infinity or the canonical NaN 0x7fffffff, never the bits 0x7fc00001; the other
+    branch waits as well, so the wait holds whatever the bits. One instance per thread (pack 2:
+    a thread holds two rows' sums).
+    """
+    return gl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        .reg .b32 t;
+        add.f32 t, $2, $3;
+        setp.ne.b32 p, t, 0x7fc00001;
+        @p wgmma.wait_group.sync.aligned 0;
+        @!p wgmma.wait_group.sync.aligned 0;
+        mov.b32 $0, $2;
+        mov.b32 $1, $3;
+        }""", "=r,=r,r,r", [l_i], dtype=gl.float32, is_pure=False, pack=2)
 
 
 @gluon.jit
 def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, TREE_MAX: gl.constexpr):
     """Online softmax of key block j's raw scores: (p, alpha, new row max, new row sum)."""
     if MASK:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -144,7 +208,7 @@ def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.const
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + diag)
         s = gl.where(keep, s, float("-inf"))
     # the row max on raw scores: scale*log2(e) > 0 folds into the one multiply-add of exp2
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)
     if MASK:
         # a row that has seen no key yet keeps m = -inf; subtract 0 there instead (no NaN)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -295,7 +359,7 @@ def _take_turn(turns, r, W: gl.constexpr):
 def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0, diag,
           seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, KV_TOGETHER: gl.constexpr, W: gl.constexpr,
-          PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
+          PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
     """Key block j (ring position c + j) for one consumer: S_j, then P_{j-1} V_{j-1} beside the
     softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
@@ -321,12 +385,23 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
     if not KV_TOGETHER:
         _release(k_empty.index(slot), THREAD_ARRIVE)
     pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, row0, diag, seqlen_k, qk_scale, s_layout, ROWS, BLOCK_N, MASK,
-                                     CAUSAL)
+                                     CAUSAL, TREE_MAX)
     if HAS_PREV:
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        if PIN_WAIT:
+            # P_j into registers of its own before the wait (P_{j-1}'s are still being read), then
+            # the wait behind the row sums; as a dependency of the wait below, the conversion
+            # stays above it in the PTX too
+            p_next = gl.convert_layout(pf.to(p.dtype), p.type.layout)
+            l_i = _after_softmax(l_i)
+            acc, p_next = warpgroup_mma_wait(0, deps=(acc, p_next))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
         _release_v(k_empty, v_empty, (r - 1) % STAGES, KV_TOGETHER, THREAD_ARRIVE)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
+    if PIN_WAIT and HAS_PREV:
+        p = p_next
+    else:
+        p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
     return acc, p, m_new, l_i
 
 
@@ -336,7 +411,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
               cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
-              THREAD_ARRIVE: gl.constexpr):
+              THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -373,15 +448,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
         acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
                                  diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG,
-                                 THREAD_ARRIVE)
+                                 THREAD_ARRIVE, PIN_WAIT, TREE_MAX)
         for j in range(1, n_full):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE)
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX)
         for j in range(gl.maximum(n_full, 1), my_end):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE)
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX)
         last = c + my_end - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
@@ -434,7 +509,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
-                    PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr):
+                    PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr,
+                    TREE_MAX: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -495,15 +571,15 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -513,11 +589,11 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -644,6 +720,8 @@ def gluon_attention_forward(
     kv_together: Optional[bool] = None,
     pingpong: Optional[bool] = None,
     thread_arrive: Optional[bool] = None,
+    pin_wait: Optional[bool] = None,
+    tree_max: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -651,8 +729,9 @@ def gluon_attention_forward(
     / ``cu_seqlens_k`` and ``max_seqlen_q``; out like q, lse ``[H, total_q]`` (``_triton_fwd``'s
     varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :func:`call_tile` and ``persistent``
     :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile), ``consumers``
-    (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`. Raises what Triton raises on
-    compile errors.
+    (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
+    ``thread_arrive``, ``pin_wait`` and ``tree_max`` the head-dim sets of the same names in capitals.
+    Raises what Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
@@ -696,7 +775,9 @@ def gluon_attention_forward(
     constexprs = (bool(causal), store_lse, stages, q_buffers(head_dim, block_n, stages, consumers), regs[0], regs[1],
                   varlen, persistent, consumers, head_dim in KV_TOGETHER if kv_together is None else bool(kv_together),
                   head_dim in PINGPONG if pingpong is None else bool(pingpong),
-                  head_dim in THREAD_ARRIVE if thread_arrive is None else bool(thread_arrive))
+                  head_dim in THREAD_ARRIVE if thread_arrive is None else bool(thread_arrive),
+                  head_dim in PIN_WAIT if pin_wait is None else bool(pin_wait),
+                  head_dim in TREE_MAX if tree_max is None else bool(tree_max))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
