@@ -32,10 +32,21 @@ def test_measured_pairs_run_gluon_on_sm90():
 @pytest.mark.parametrize("change", [
     dict(capability=(8, 0)), dict(capability=(8, 9)), dict(capability=(10, 0)), dict(capability=None),
     dict(gluon_ok=False), dict(plain=False), dict(bf16=False), dict(layout_ok=False),
-    dict(head_dim=64), dict(head_dim=96), dict(head_dim=64, causal=True),
+    dict(head_dim=96), dict(head_dim=64, causal=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_anything_else_keeps_the_triton_kernel(change):
     assert not dispatch.wants_gluon(**{**PLAIN, **change})
+
+
+def test_head_dim_64_runs_gluon_only_dense_and_non_causal():
+    # the Gluon forward with its P·V wait kept after the softmax measured 1.00-1.07x the Triton
+    # forward on non-causal rows and slower on causal 1k ones (bench/results/gluon_fwd_pin_wait.md);
+    # causal and packed calls at head_dim 64 keep the Triton kernel
+    d64 = {**PLAIN, "head_dim": 64}
+    assert dispatch.wants_gluon(**{**d64, "seqlen_q": 1})
+    assert not dispatch.wants_gluon(**{**d64, "causal": True})
+    assert not dispatch.wants_gluon(**d64, varlen=True)
+    assert 64 in _gluon_fwd().PIN_WAIT
 
 
 def test_a_pair_can_require_a_minimum_of_query_tokens():
@@ -226,6 +237,11 @@ head_dim, causal, varlen, consumers = int(sys.argv[2]), sys.argv[3] == "1", sys.
 together = head_dim in gf.KV_TOGETHER  # the shipped choices, unless the case asks for thread arrivals
 pingpong = head_dim in gf.PINGPONG and consumers == 2
 thread_arrive = sys.argv[6] == "1" if sys.argv[6] != "shipped" else head_dim in gf.THREAD_ARRIVE
+# optional: PIN_WAIT and TREE_MAX ("1", "0" or "shipped"), and "sass" to print the machine code instead of the PTX
+pin_wait, tree_max = ((sys.argv[i] == "1" if sys.argv[i] != "shipped" else head_dim in s)
+                      for i, s in ((7, gf.PIN_WAIT), (8, gf.TREE_MAX))) if len(sys.argv) > 8 else (
+                          head_dim in gf.PIN_WAIT, head_dim in gf.TREE_MAX)
+want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -243,14 +259,22 @@ types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o
 constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages, consumers),
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
                  CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
-                 PIN_WAIT=head_dim in gf.PIN_WAIT, TREE_MAX=head_dim in gf.TREE_MAX)
+                 PIN_WAIT=pin_wait, TREE_MAX=tree_max)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
 source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=regs[2]))
 sys.stderr.write("shared %d " % compiled.metadata.shared)
-sys.stdout.write(compiled.asm["ptx"])
+if want_sass:
+    import os, subprocess, tempfile
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sys.stdout.write(subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout)
+else:
+    sys.stdout.write(compiled.asm["ptx"])
 """
 
 
@@ -335,3 +359,44 @@ def test_short_causal_dense_calls_at_head_dim_128_take_the_64_key_tile():
     # the short tile's ring and Q buffers fit in shared memory, double-buffered
     block_n, stages = gf.SHORT_CAUSAL_TILES[128][1]
     assert gf.q_buffers(128, block_n, stages) == 2
+
+
+def _exponentials_around_pv_waits(sass: str) -> list:
+    """For each P·V product of the consumers (a wgmma group whose A operand is in registers): the
+    exponentials (MUFU.EX2) issued after it and before the next wgmma, as (before, after) the
+    first wait for every wgmma group (WARPGROUP.DEPBAR.LE gsb0, 0x0) among them."""
+    lines = sass.splitlines()
+    found = []
+    i = 0
+    while i < len(lines):
+        if re.search(r"HGMMA\.\S+ R\d+, R\d+, .*gsb0", lines[i]):
+            before = after = 0
+            waited = False
+            i += 1
+            while i < len(lines) and "HGMMA" not in lines[i]:
+                waited = waited or "WARPGROUP.DEPBAR.LE gsb0, 0x0" in lines[i]
+                if "MUFU.EX2" in lines[i]:
+                    after += waited
+                    before += not waited
+                i += 1
+        else:
+            i += 1
+            continue
+        found.append((before, after))
+    return found
+
+
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (128, True)])
+def test_pinned_wait_keeps_the_softmax_under_the_pv_product(head_dim, causal, tmp_path):
+    # with PIN_WAIT, every exponential of a key block's softmax issues before the wait for the
+    # previous block's P·V, so the softmax runs while that product is on the tensor cores
+    # (without it, ptxas moved the wait above nearly all of them: bench/NOTES.md)
+    _gluon_fwd()
+    done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), 0, 2, "shipped", "1", "0", "sass"), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = _exponentials_around_pv_waits(done.stdout)
+    with_softmax = [s for s in steps if sum(s)]
+    assert len(with_softmax) >= 2, steps  # the key loops of both consumers' code paths
+    # 128 keys a block: 64 exponentials a thread for the probabilities, plus the rescale factors
+    assert all(before >= 64 and after == 0 for before, after in with_softmax), steps
+
