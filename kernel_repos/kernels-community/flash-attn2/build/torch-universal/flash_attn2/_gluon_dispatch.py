@@ -18,8 +18,9 @@ from typing import Mapping, Optional, Tuple
 
 # (head_dim, causal) -> the fewest query tokens per sequence from which the Gluon forward
 # measured faster than the Triton forward on the H200 (1k/4k/16k rows, bench/results/gluon_fwd.md:
-# 1.02-1.30x at head_dim 128, 1.24-1.36x at 256). head_dim 64 is absent: 0.70-0.97x there
-# (bench/NOTES.md).
+# 1.02-1.30x at head_dim 128, 1.24-1.36x at 256). head_dim 64 non-causal: with its P·V wait kept
+# after the softmax (_gluon_fwd.PIN_WAIT) 0.99-1.07x (bench/results/gluon_fwd_pin_wait.md and
+# attention.md); head_dim 64 causal is absent: 0.81x at 1k.
 MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
     (64, False): 0,
     (128, False): 0,

@@ -35,7 +35,8 @@ Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3'
 * In each step a consumer issues ``S_j = Q K_j^T``, then ``O += P_{j-1} V_{j-1}``, waits only
   for S_j, computes the softmax of block j while the tensor cores still run P·V, and only then
   waits for P·V and rescales O (FlashAttention-3's intra-warpgroup overlap). P stays in
-  registers as the A operand.
+  registers as the A operand. ptxas, though, moves an unconditional wait for P·V above nearly
+  all of the softmax's exponentials; :data:`PIN_WAIT` head dims keep it after them (see there).
 * Key blocks that no mask touches run without the compare and select; only the blocks that
   cross the causal diagonal or the sequence end pay for them.
 * Dense calls run persistently: one program per SM walks pairs of 128-row tiles (``_tile``:
@@ -52,7 +53,7 @@ kernel); FlashAttention-3's ping-pong turns between the consumers (:data:`PINGPO
 at head_dim 64, mixed at 128); K and V of a slot handed back in one arrival
 (:data:`KV_TOGETHER`: level at head_dim 64, slower at 128 and 256); launching the longest
 causal row blocks first (slower at 1k and 4k); at head_dim 64 this kernel is not faster than
-the Triton forward, which keeps that head dim.
+the Triton forward without :data:`PIN_WAIT`; with it, non-causal calls at head_dim 64 run here.
 """
 
 from __future__ import annotations
@@ -134,10 +135,12 @@ THREAD_ARRIVE: frozenset = frozenset()
 # of block j (_after_softmax). Why: Gluon's PTX puts that wait after the softmax, but ptxas
 # schedules it as early as it may, before the exponentials, so a warpgroup's softmax never ran
 # under its own P·V (offline sm90 SASS, Triton 3.6); a predicate read from the row sums keeps the
-# wait after every exponential of the step
+# wait after every exponential of the step. Measured (bench/results/gluon_fwd_pin_wait.md):
+# 1.03-1.05x the same kernel without it on non-causal head_dim 64 rows, 0.98-1.05x at 128
 PIN_WAIT: frozenset = frozenset({64})
 # head dims whose row maxima fold the thread's columns pairwise (_row_max: 5 dependent max
-# instructions at 128 keys instead of a chain of 31, the same result bit for bit)
+# instructions at 128 keys instead of a chain of 31, the same result bit for bit). Measured at
+# head_dim 64: 0.94-0.99x without PIN_WAIT, 0.96-1.00x with it, so no head dim takes it
 TREE_MAX: frozenset = frozenset()
 
 
