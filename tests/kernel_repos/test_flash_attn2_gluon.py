@@ -236,12 +236,15 @@ import _fa2_sm90._gluon_fwd as gf
 head_dim, causal, varlen, consumers = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5])
 together = head_dim in gf.KV_TOGETHER  # the shipped choices, unless the case asks for thread arrivals
 pingpong = head_dim in gf.PINGPONG and consumers == 2
-thread_arrive = sys.argv[6] == "1" if sys.argv[6] != "shipped" else head_dim in gf.THREAD_ARRIVE
-# optional: PIN_WAIT and TREE_MAX ("1", "0" or "shipped"), and "sass" to print the machine code instead of the PTX
-pin_wait, tree_max = ((sys.argv[i] == "1" if sys.argv[i] != "shipped" else head_dim in s)
-                      for i, s in ((7, gf.PIN_WAIT), (8, gf.TREE_MAX))) if len(sys.argv) > 8 else (
-                          head_dim in gf.PIN_WAIT, head_dim in gf.TREE_MAX)
-want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"
+
+
+def choice(i, shipped):  # argument i: "1", "0" or "shipped" (also when absent)
+    arg = sys.argv[i] if len(sys.argv) > i else "shipped"
+    return head_dim in shipped if arg == "shipped" else arg == "1"
+
+
+thread_arrive, pin_wait, tree_max = choice(6, gf.THREAD_ARRIVE), choice(7, gf.PIN_WAIT), choice(8, gf.TREE_MAX)
+want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"  # the machine code instead of the PTX
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3

@@ -401,6 +401,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
             acc = warpgroup_mma_wait(0, deps=(acc, ))
         _release_v(k_empty, v_empty, (r - 1) % STAGES, KV_TOGETHER, THREAD_ARRIVE)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    # without PIN_WAIT, P is converted here, after the rescale, as in the code that was measured
     if PIN_WAIT and HAS_PREV:
         p = p_next
     else:
