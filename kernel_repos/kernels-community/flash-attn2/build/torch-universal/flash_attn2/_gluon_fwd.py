@@ -140,7 +140,8 @@ THREAD_ARRIVE: frozenset = frozenset()
 PIN_WAIT: frozenset = frozenset({64})
 # head dims whose row maxima fold the thread's columns pairwise (_row_max: 5 dependent max
 # instructions at 128 keys instead of a chain of 31, the same result bit for bit). Measured at
-# head_dim 64: 0.94-0.99x without PIN_WAIT, 0.96-1.00x with it, so no head dim takes it
+# head_dim 64 (bench/results/gluon_fwd_pin_wait.md, run A): 0.94-0.99x without PIN_WAIT, 0.96-1.00x
+# with it, so no head dim takes it
 TREE_MAX: frozenset = frozenset()
 
 
