@@ -18,14 +18,15 @@ CONTEXTS = (4096, 32768)
 SPLITS_TRIED = (1, 2)
 
 
-def with_preload_max(decode, most, call):
-    """``call()`` with the decode kernel module ``decode`` preloading at most ``most`` block-table
-    entries per split (0: each key looks its page up); ``decode.PRELOAD_MAX`` is read per call."""
-    saved, decode.PRELOAD_MAX = decode.PRELOAD_MAX, most
+def with_setting(decode, name, value, call):
+    """``call()`` with the decode kernel module ``decode``'s global ``name`` set to ``value``
+    (``PAGE_BLOCKS``, ``PRELOAD_MAX``: read per call)."""
+    saved = getattr(decode, name)
+    setattr(decode, name, value)
     try:
         return call()
     finally:
-        decode.PRELOAD_MAX = saved
+        setattr(decode, name, saved)
 
 
 def inputs(ctx: int) -> tuple:
@@ -69,15 +70,20 @@ def main() -> None:
                 q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)
             runs[f"ours_contiguous_split{splits}"] = lambda s=splits: kernels["ours"].flash_attn_with_kvcache(
                 q, k, v, cache_seqlens=lens, num_splits=s)
-            runs[f"ours_paged_perkey_split{splits}"] = lambda s=splits: with_preload_max(
-                decode, 0, lambda: kernels["ours"].flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
-                                                                num_splits=s))
+            runs[f"ours_paged_lookup_split{splits}"] = lambda s=splits: with_setting(
+                decode, "PAGE_BLOCKS", False, lambda: kernels["ours"].flash_attn_with_kvcache(
+                    q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s))
+        # the rule before PAGE_BLOCKS: table entries preloaded or looked up per key, whole rows dense only
+        runs["ours_paged_lookup"] = lambda: with_setting(decode, "PAGE_BLOCKS", False, lambda: kernels["ours"].flash_attn_with_kvcache(
+            q, kp, vp, cache_seqlens=lens, block_table=table))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         runs["sdpa_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
         runs["sdpa_flash"] = sdpa(SDPBackend.FLASH_ATTENTION, qt, kt, vt, False)
         want = runs["ours_contiguous"]().float()
         same = bool(torch.allclose(runs["ours_paged"]().float(), want, atol=2e-2))
-        row = dict(context=ctx, paged_equals_contiguous=same,
+        same_lookup = all(bool(torch.allclose(runs[n]().float(), want, atol=2e-2))
+                          for n in ("ours_paged_lookup", *(f"ours_paged_lookup_split{s}" for s in SPLITS_TRIED)))
+        row = dict(context=ctx, paged_equals_contiguous=same, paged_lookup_equals_contiguous=same_lookup,
                    sdpa_expanded_kv=[n for n in ("sdpa_cudnn", "sdpa_flash") if runs[n].expanded_kv])
         medians, errors, _ = harness.interleaved_us(runs)
         row.update({name: kv_bytes / us / 1e6 for name, us in medians.items()})  # TB/s
@@ -87,17 +93,20 @@ def main() -> None:
                 row[f"{name}_vs_cudnn"] = row[name] / row["sdpa_cudnn"]
         rows.append(row)
         print(row, flush=True)
-    columns = dict(context="context", ours_paged="ours paged", ours_contiguous="ours contiguous",
+    columns = dict(context="context", ours_paged="ours paged", ours_paged_lookup="ours paged, lookups",
+                   ours_contiguous="ours contiguous",
                    sdpa_cudnn="cuDNN", sdpa_flash="FA2", ours_paged_vs_cudnn="paged/cuDNN",
                    ours_contiguous_vs_cudnn="contiguous/cuDNN")
     columns.update({f"ours_{lay}_split{s}": f"{lay.replace('_', ' ')} {s} split{'s' * (s > 1)}"
-                    for lay in ("paged", "paged_perkey", "contiguous") for s in SPLITS_TRIED})
+                    for lay in ("paged", "paged_lookup", "contiguous") for s in SPLITS_TRIED})
     if args.baseline:
         columns.update(baseline_paged="baseline paged", baseline_contiguous="baseline contiguous")
     path = harness.write_results(
         "decode", rows, title=f"Decode, TB/s of K+V read (bf16, batch {BATCH}, GQA {HQ}/{HK}, head_dim {D})",
         columns=columns, out_dir=args.out, commit=args.commit,
-        notes=[f"One query token per row; paged: {PAGE}-key pages in random order; the median over "
+        notes=[f"One query token per row; paged: {PAGE}-key pages in random order ('paged': one block-table "
+               "entry a block of keys, _triton_decode.PAGE_BLOCKS; 'paged lookup': PAGE_BLOCKS off, the "
+               "entries preloaded per split or looked up per key); the median over "
                f"{harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench medians, "
                "after the GPU was kept busy for 2 s."])
     print(path.read_text())

@@ -156,6 +156,8 @@ def configurations(F, B, D) -> dict:
     preload = "PRELOAD" in D._split_kernel.arg_names  # block-table entries in registers (newer packages)
     if preload:
         dec_base["PRELOAD"] = 0
+    if "PAGE_BLOCKS" in D._split_kernel.arg_names:  # a table entry a block of keys (newer packages): off
+        dec_base["PAGE_BLOCKS"] = False
     # the last slice merging the others in the same launch (newer packages): off here, as in a
     # one-split call; the merging build is its own configuration
     merge = "MERGE" in D._split_kernel.arg_names

@@ -452,9 +452,11 @@ def test_split_count_fills_the_gpu_for_long_contexts_and_keeps_one_launch_for_sh
 def test_a_row_read_in_one_slice_takes_the_one_split_tile_on_sm90(monkeypatch, sm90):
     """head_dim 128: a call whose rows are each read by one program (one split) takes the
     128-key, 2-stage tile on sm90 (measured faster there, ONE_SPLIT_CONFIG_SM90), and a contiguous
-    cache is read that way at any length once the programs fill whole waves of one per SM; split
-    calls, paged long rows and other GPUs keep the 64-key, 4-stage tile. The calls run on fake CUDA
-    tensors with the launches recorded, as on an H200 (132 SMs) or an A100-like sm80 GPU."""
+    cache is read that way at any length once the programs fill whole waves of one per SM, and so
+    is a paged one whose blocks each lie in one page (one table entry a block); split calls, paged
+    rows that look every key's page up (left padding) and other GPUs keep the 64-key, 4-stage
+    tile. The calls run on fake CUDA tensors with the launches recorded, as on an H200 (132 SMs)
+    or an A100-like sm80 GPU."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     decode = _load("_triton_decode")
@@ -468,13 +470,13 @@ def test_a_row_read_in_one_slice_takes_the_one_split_tile_on_sm90(monkeypatch, s
     device = torch.device("cuda", 0)
     monkeypatch.setitem(decode._SETUP, (128, device), decode.gpu_setup(128, (9, 0) if sm90 else (8, 0), 132))
 
-    def call(batch, keys, paged):
+    def call(batch, keys, paged, leftpad=None):
         q = torch.empty(batch, 1, 32, 128, dtype=torch.bfloat16, device=device)
         table = torch.empty(batch, keys // 256, dtype=torch.int32, device=device) if paged else None
         cache = torch.empty(batch * keys // 256, 256, 8, 128, dtype=torch.bfloat16, device=device) if paged else \
             torch.empty(batch, keys, 8, 128, dtype=torch.bfloat16, device=device)
         decode.decode_attention(q, cache, cache, total_lens=None, total_len_uniform=keys, capacity=keys,
-                                block_table=table, batch_idx=None, leftpad=None, alibi_slopes=None,
+                                block_table=table, batch_idx=None, leftpad=leftpad, alibi_slopes=None,
                                 softmax_scale=0.1, window_left=-1, window_right=-1, softcap=0.0)
         return launches.pop()
 
@@ -485,6 +487,9 @@ def test_a_row_read_in_one_slice_takes_the_one_split_tile_on_sm90(monkeypatch, s
         assert call(1, 32768, paged=False)[1] == split  # 8 programs: the rows are sliced
         splits, tile = call(32, 32768, paged=False)  # 256 programs: 0.97 of two waves of 132
         assert (splits, tile) == (1, one_split) if sm90 else (splits > 1 and tile == split)
-        splits, tile = call(32, 32768, paged=True)  # paged long rows keep their slices
+        splits, tile = call(32, 32768, paged=True)  # 256-key pages hold whole 128-key blocks
+        assert (splits, tile) == (1, one_split) if sm90 else (splits > 1 and tile == split)
+        pads = torch.zeros(32, dtype=torch.int32, device=device)
+        splits, tile = call(32, 32768, paged=True, leftpad=pads)  # blocks may straddle pages: sliced
         assert splits > 1 and tile == split
     assert decode.choose_num_splits(140, 32768, 132, True, 64, whole_rows=True) > 1  # 140 of 264 slots: sliced

@@ -44,8 +44,14 @@ def test_lengths_known_on_the_host_past_the_block_table_raise_naming_it(append, 
     assert torch.isfinite(out).all()
 
 
-def test_device_lengths_past_the_capacity_attend_to_the_first_capacity_keys():
-    """What the kernel does with a length it cannot check (a GPU tensor): it stops at capacity."""
+@pytest.mark.parametrize("lookup", ["preloaded", "blocks", "per-key"])
+def test_device_lengths_past_the_capacity_attend_to_the_first_capacity_keys(monkeypatch, lookup):
+    """What the kernel does with a length it cannot check (a GPU tensor): it stops at capacity,
+    however it finds its pages (``_triton_decode.page_lookup``)."""
+    if lookup != "preloaded":
+        monkeypatch.setattr(decode, "PRELOAD_MAX", 0)
+    if lookup == "per-key":
+        monkeypatch.setattr(decode, "PAGE_BLOCKS", False)
     k_cache, v_cache = _paged(pages=6, heads=2)
     table = torch.tensor([[3, 1], [5, 0]], dtype=torch.int32)  # 32 addressable keys per row
     capacity = 2 * PAGE

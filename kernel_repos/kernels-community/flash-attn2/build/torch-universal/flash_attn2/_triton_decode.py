@@ -65,14 +65,27 @@ def _key_slice(pid_m, pid_split, seqlen_q, kv_len, shift, window_left, window_ri
 
 @triton.jit
 def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_ks, stride_vb, stride_vs,
-             pages, first_page, PAGE_SIZE: tl.constexpr, PRELOAD: tl.constexpr):
+             pages, first_page, block_start, PAGE_SIZE: tl.constexpr, PRELOAD: tl.constexpr,
+             PAGE_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr):
     """Element offsets of the K and V rows at cache positions ``pos``, and which of them exist:
     through the row's block table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``.
-    With PRELOAD > 0 the page numbers come from ``pages`` (the split's table entries from column
-    ``first_page``, loaded before the loop), so no load in the loop waits on another load. A
-    negative entry is a page not allocated (CUDA-graph padding): its keys are left out, never
+    With PAGE_BLOCKS the block of keys from position ``block_start`` lies in one page (the host
+    saw to it, see :data:`PAGE_BLOCKS`): ``pages`` is that page's table entry (loaded a step
+    earlier by the caller) and serves the whole block. With PRELOAD > 0 the page numbers come from ``pages`` (the split's table entries from
+    column ``first_page``, loaded before the loop), so no load in the loop waits on another load.
+    A negative entry is a page not allocated (CUDA-graph padding): its keys are left out, never
     read."""
-    if PAGE_SIZE > 0:
+    if PAGE_SIZE > 0 and PAGE_BLOCKS:
+        page = pages.to(tl.int64)
+        # in-page rows as scalar + arange: the compiler sees the block's rows consecutive
+        in_page = (block_start % PAGE_SIZE) + tl.arange(0, BLOCK_N)
+        # page >= 0 as a block (a scalar mask term fails under the interpreter): page * PAGE_SIZE
+        # + in_page is the key's row in the cache, negative exactly when the page is
+        n_ok = n_ok & (page * PAGE_SIZE + in_page >= 0)
+        page = tl.maximum(page, 0)
+        k_row = page * stride_kb + in_page * stride_ks
+        v_row = page * stride_vb + in_page * stride_vs
+    elif PAGE_SIZE > 0:
         if PRELOAD > 0:
             col = tl.minimum(tl.maximum(pos // PAGE_SIZE - first_page, 0), PRELOAD - 1)
             page = tl.gather(pages, col, axis=0)
@@ -125,7 +138,7 @@ def _split_kernel(
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    PRELOAD: tl.constexpr,
+    PRELOAD: tl.constexpr, PAGE_BLOCKS: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_LENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -202,12 +215,20 @@ def _split_kernel(
     if PAGE_SIZE > 0 and PRELOAD > 0:
         cols = first_page + tl.arange(0, PRELOAD)
         pages = tl.load(BLOCK_TABLE + b * stride_btb + cols, mask=cols < capacity // PAGE_SIZE, other=0)
+    if PAGE_SIZE > 0 and PAGE_BLOCKS:
+        # the first block's table entry; each step then loads the next block's, so the K/V copies
+        # never wait on a table load of their own step
+        page_cols = capacity // PAGE_SIZE
+        pages = tl.load(BLOCK_TABLE + b * stride_btb + first_page, mask=first_page < page_cols, other=0)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
         k_row, v_row, n_ok = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
-                                      stride_kb, stride_ks, stride_vb, stride_vs, pages, first_page, PAGE_SIZE,
-                                      PRELOAD)
+                                      stride_kb, stride_ks, stride_vb, stride_vs, pages, first_page,
+                                      start_n + pad, PAGE_SIZE, PRELOAD, PAGE_BLOCKS, BLOCK_N)
+        if PAGE_SIZE > 0 and PAGE_BLOCKS:
+            next_col = (start_n + BLOCK_N + pad) // PAGE_SIZE
+            pages = tl.load(BLOCK_TABLE + b * stride_btb + next_col, mask=next_col < page_cols, other=0)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
@@ -370,8 +391,28 @@ def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, bloc
 
 # The most block-table entries a paged split loads before its loop (a power of two). Up to this
 # many pages per split, the page numbers sit in registers and the K/V loads' addresses depend on
-# no load of the same iteration; past it (long contexts on few splits) each key looks its page up.
+# no load of the same iteration; past it (long contexts on few splits) a block reads one entry
+# (PAGE_BLOCKS) or, where a block may straddle pages, each key looks its page up.
 PRELOAD_MAX = 32
+
+
+# A paged cache whose pages hold whole key blocks (the page size a multiple of the tile's keys,
+# and every block starting on a multiple of its size: no left padding, no left window) and whose
+# split has too many table entries to preload (PRELOAD_MAX) reads one entry a block, a scalar
+# load issued a step ahead, instead of one a key; such a cache may then be read in one slice per
+# row like a dense one (WHOLE_ROWS_MIN_FILL). On the H200 (bench/results/decode_page_blocks.md,
+# batch 32 x GQA 32/8, 256-key pages): 32k keys in one slice 4.50 TB/s against 4.35 with per-key
+# lookups and 4.47 for the two slices those took; at 4k, where the entries fit in registers,
+# preloading stayed ahead (4.00 against 3.96-3.97). False: every paged cache the earlier way.
+# Read per call, so benchmarks can compare both.
+PAGE_BLOCKS = True
+
+
+def page_blocks(page_size: int, block_n: int, leftpad: bool, window_left: int) -> bool:
+    """Whether every ``block_n``-key block of a paged cache of ``page_size`` keys a page lies in
+    one page (:data:`PAGE_BLOCKS` on); ``leftpad``: the call has left padding."""
+    return (PAGE_BLOCKS and page_size > 0 and page_size % block_n == 0 and not leftpad
+            and window_left < 0)
 
 
 def preload_pages(capacity: int, page_size: int, block_n: int, splits: int) -> int:
@@ -386,6 +427,15 @@ def preload_pages(capacity: int, page_size: int, block_n: int, splits: int) -> i
     pages = -(-keys // page_size) + 1
     preload = 1 << (pages - 1).bit_length()
     return preload if preload <= PRELOAD_MAX else 0
+
+
+def page_lookup(capacity: int, page_size: int, block_n: int, splits: int, leftpad: bool,
+                window_left: int) -> tuple[int, bool]:
+    """How a split finds its pages: ``(preload, by_block)``, the table entries it preloads
+    (:func:`preload_pages`) and whether it reads one entry a block instead (:data:`PAGE_BLOCKS`);
+    ``(0, False)``: each key looks its page up. Raises nothing."""
+    preload = preload_pages(capacity, page_size, block_n, splits)
+    return preload, not preload and page_blocks(page_size, block_n, leftpad, window_left)
 
 
 # Several slices per row are merged by the last of them to finish (a per-tile arrival counter)
@@ -447,9 +497,10 @@ ONE_SPLIT_CONFIG_SM90 = {128: (128, 4, 2)}
 # A contiguous cache is read in one slice per row at any length when its programs fill this share
 # of whole waves of one program per SM (the one-split tile's shared memory leaves room for one):
 # 256 programs on 132 SMs (0.97) read 32k keys at 1.00x cuDNN in one slice against 0.98x in two
-# (bench/results/decode.md, 'contiguous 1 split'). A paged cache keeps its slices: there one
-# slice per 32k-key row read 0.95x (each key looks its page up, and one program per SM hides
-# less of that latency).
+# (bench/results/decode.md, 'contiguous 1 split'). So is a paged cache read without per-key
+# lookups (page_lookup; one entry a block at 32k: 4.50 TB/s in one slice against 4.47 in two);
+# one that looks every key's page up keeps its slices (0.95x cuDNN in one slice: one program
+# per SM hides less of that latency).
 WHOLE_ROWS_MIN_FILL = 0.9
 
 
@@ -568,14 +619,17 @@ def decode_attention(
         block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
+    page_size = k_cache.shape[1] if block_table is not None else 0
     if num_splits > 0:
         splits = num_splits
-    else:  # a dense cache may be read whole (WHOLE_ROWS_MIN_FILL)
-        whole_rows = one_split is not None and block_table is None and config is None
+    else:  # a dense cache, or a paged one read without per-key lookups, may be read whole (WHOLE_ROWS_MIN_FILL)
+        whole_rows = one_split is not None and config is None and (
+            block_table is None or any(page_lookup(capacity, page_size, one_split[0], 1, leftpad is not None,
+                                                   window_left)))
         splits = choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
     if splits == 1 and config is None and one_split is not None:
         block_n, num_warps, num_stages = one_split
-    page_size = k_cache.shape[1] if block_table is not None else 0
+    preload, by_block = page_lookup(capacity, page_size, block_n, splits, leftpad is not None, window_left)
     if seqlen_q == 1:
         qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
     # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
@@ -612,8 +666,7 @@ def decode_attention(
             seqlen_q, num_kv_heads, hd, total_len_uniform, capacity,
             softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, block_d, page_size, preload_pages(capacity, page_size, block_n, splits),
-         splits, total_lens is not None, batch_idx is not None, leftpad is not None,
+        (group, block_m, block_n, block_d, page_size, preload, by_block, splits, total_lens is not None, batch_idx is not None, leftpad is not None,
          alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
          need_lse or splits > 1, aligned, merge, merge and need_lse,
          min(max(MERGE_CHUNK * 16 // block_m, 1), 1 << (splits - 1).bit_length()) if merge else 1),
