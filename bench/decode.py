@@ -104,9 +104,10 @@ def main() -> None:
     path = harness.write_results(
         "decode", rows, title=f"Decode, TB/s of K+V read (bf16, batch {BATCH}, GQA {HQ}/{HK}, head_dim {D})",
         columns=columns, out_dir=args.out, commit=args.commit,
-        notes=[f"One query token per row; paged: {PAGE}-key pages in random order ('paged': one block-table "
-               "entry a block of keys, _triton_decode.PAGE_BLOCKS; 'paged lookup': PAGE_BLOCKS off, the "
-               "entries preloaded per split or looked up per key); the median over "
+        notes=[f"One query token per row; paged: {PAGE}-key pages in random order ('ours paged' and 'paged N "
+               "split(s)': the shipped choice, _triton_decode.page_lookup: a split's table entries preloaded "
+               "when they fit in registers, else one entry a block of keys; 'lookup(s)': PAGE_BLOCKS off, "
+               "every key looking its page up past the preload limit); the median over "
                f"{harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench medians, "
                "after the GPU was kept busy for 2 s."])
     print(path.read_text())
