@@ -32,19 +32,22 @@ def test_measured_pairs_run_gluon_on_sm90():
 @pytest.mark.parametrize("change", [
     dict(capability=(8, 0)), dict(capability=(8, 9)), dict(capability=(10, 0)), dict(capability=None),
     dict(gluon_ok=False), dict(plain=False), dict(bf16=False), dict(layout_ok=False),
-    dict(head_dim=96), dict(head_dim=64, causal=True),
+    dict(head_dim=96), dict(head_dim=64, causal=True, seqlen_q=4095),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_anything_else_keeps_the_triton_kernel(change):
     assert not dispatch.wants_gluon(**{**PLAIN, **change})
 
 
-def test_head_dim_64_runs_gluon_only_dense_and_non_causal():
+def test_head_dim_64_runs_gluon_dense_non_causal_and_causal_from_4k_queries():
     # the Gluon forward with its P·V wait kept after the softmax measured 1.00-1.07x the Triton
-    # forward on non-causal rows and slower on causal 1k ones (bench/results/gluon_fwd_pin_wait.md);
-    # causal and packed calls at head_dim 64 keep the Triton kernel
+    # forward on non-causal rows, on causal ones 0.80x at 1k, 0.93x at 2k and 1.01-1.07x from 4k
+    # (bench/results/gluon_fwd_pin_wait.md, gluon_fwd_d64_2k.md, gluon_fwd_d64_variants.md);
+    # shorter causal and all packed calls at head_dim 64 keep the Triton kernel
     d64 = {**PLAIN, "head_dim": 64}
     assert dispatch.wants_gluon(**{**d64, "seqlen_q": 1})
-    assert not dispatch.wants_gluon(**{**d64, "causal": True})
+    assert not dispatch.wants_gluon(**{**d64, "causal": True, "seqlen_q": 2048})
+    assert not dispatch.wants_gluon(**{**d64, "causal": True, "seqlen_q": 4095})
+    assert dispatch.wants_gluon(**{**d64, "causal": True, "seqlen_q": 4096})
     assert not dispatch.wants_gluon(**d64, varlen=True)
     assert 64 in _gluon_fwd().PIN_WAIT
 

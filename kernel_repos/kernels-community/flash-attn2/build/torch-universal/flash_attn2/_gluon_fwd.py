@@ -53,7 +53,8 @@ kernel); FlashAttention-3's ping-pong turns between the consumers (:data:`PINGPO
 at head_dim 64, mixed at 128); K and V of a slot handed back in one arrival
 (:data:`KV_TOGETHER`: level at head_dim 64, slower at 128 and 256); launching the longest
 causal row blocks first (slower at 1k and 4k); at head_dim 64 this kernel is not faster than
-the Triton forward without :data:`PIN_WAIT`; with it, non-causal calls at head_dim 64 run here.
+the Triton forward without :data:`PIN_WAIT`; with it, non-causal calls at head_dim 64 run here,
+and causal ones from 4k query tokens.
 """
 
 from __future__ import annotations
