@@ -98,7 +98,9 @@ def count_calls(fa, module: str, function: str) -> list:
 def main() -> None:
     parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--no-flex", action="store_true")
+    parser.add_argument("--head-dims", help="comma-separated head dims: only their rows (default: every row)")
     args = parser.parse_args()
+    dims = {int(d) for d in args.head_dims.split(",")} if args.head_dims else None
     import torch
 
     kernels = harness.kernels(args.baseline)
@@ -131,6 +133,8 @@ def main() -> None:
 
     harness.warm_gpu()  # the first row's timings do not meet an idle GPU's clocks
     for d, hq, hk, seq in ROWS:
+        if dims is not None and d not in dims:
+            continue
         for causal in (False, True):
             flop = 4 * (TOKENS // seq) * hq * seq * seq * d / (2 if causal else 1)
             row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal)
