@@ -68,6 +68,9 @@ for _d in HEAD_DIMS:
 for _d in HEAD_DIMS:
     KERNELS[_d].update(gluon_pin=dict(pin_wait=True), gluon_pint=dict(pin_wait=True, tree_max=True),
                        gluon_tree=dict(tree_max=True))
+# head_dim 64: a row's max kept until a block's is 2**8 above it, and the rescale of O skipped by
+# warps whose rows all kept theirs (_gluon_fwd.LAZY_RESCALE; the same softmax, rounded differently)
+KERNELS[64].update(gluon_lazy=dict(lazy_rescale=True))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
 SAME_BITS = ("strip", "pin_wait", "tree_max")
 
@@ -185,6 +188,7 @@ def check(gf) -> list:
     cases = [  # (batch, sq, sk, hq, hk, layout)
         (2, 300, 300, 4, 4, "bshd"), (2, 257, 1000, 4, 2, "bshd"), (1, 1000, 333, 4, 1, "bshd"),
         (3, 128, 128, 2, 2, "bhsd"), (1, 777, 777, 8, 2, "bhsd"), (2, 64, 64, 2, 2, "bshd"),
+        (2, 300, 1000, 4, 2, "ramp"),
     ]
     for d in HEAD_DIMS:
         for name, kwargs in KERNELS[d].items():
@@ -199,6 +203,10 @@ def check(gf) -> list:
                         q = torch.randn(batch, sq, hq, d, device="cuda", dtype=torch.bfloat16)
                         k = torch.randn(batch, sk, hk, d, device="cuda", dtype=torch.bfloat16)
                         v = torch.randn(batch, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+                    if layout == "ramp":  # scores that grow along the keys: row maxima rise block after block
+                        ramp = 1 + 6 * torch.arange(sk, device="cuda", dtype=torch.float32) / sk
+                        k = (k.float() * ramp[None, :, None, None]).to(torch.bfloat16)
+                        q = q * 2
                     scale = d ** -0.5
                     assert gf.supports(q, k, v), (d, layout)
                     _poison_allocator()

@@ -105,6 +105,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(THREAD_ARRIVE=head_dim in gf.THREAD_ARRIVE)
     if "PIN_WAIT" in fn.arg_names:  # packages whose consumers can keep the P·V wait after the softmax
         consts.update(PIN_WAIT=head_dim in gf.PIN_WAIT, TREE_MAX=head_dim in gf.TREE_MAX)
+    if "LAZY_RESCALE" in fn.arg_names:  # packages that can skip the rescale of O (head_dim 64)
+        consts.update(LAZY_RESCALE=head_dim in gf.LAZY_RESCALE)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

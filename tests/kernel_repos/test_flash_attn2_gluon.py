@@ -248,6 +248,7 @@ def choice(i, shipped):  # argument i: "1", "0" or "shipped" (also when absent)
 
 thread_arrive, pin_wait, tree_max = choice(6, gf.THREAD_ARRIVE), choice(7, gf.PIN_WAIT), choice(8, gf.TREE_MAX)
 want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"  # the machine code instead of the PTX
+lazy_rescale = choice(10, gf.LAZY_RESCALE)
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -265,7 +266,7 @@ types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o
 constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages, consumers),
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
                  CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
-                 PIN_WAIT=pin_wait, TREE_MAX=tree_max)
+                 PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
@@ -406,3 +407,21 @@ def test_pinned_wait_keeps_the_softmax_under_the_pv_product(head_dim, causal, tm
     # 128 keys a block: 64 exponentials a thread for the probabilities, plus the rescale factors
     assert all(before >= 64 and after == 0 for before, after in with_softmax), steps
 
+
+
+def test_lazy_rescale_skips_the_multiplies_of_o_in_warps_whose_rows_kept_their_max(tmp_path):
+    # LAZY_RESCALE (head_dim 64, off: measured 0.96-1.00x, bench/NOTES.md): after each P·V wait a
+    # warp votes on its rows' rescale factors and branches around the 32 multiplies of its part
+    # of O when every factor is exactly 1
+    gf = _gluon_fwd()
+    assert 64 not in gf.LAZY_RESCALE
+    done = run_compiling_child(_COMPILE_FOR_SM90, (64, 0, 0, 2, "shipped", "shipped", "0", "sass", "1"), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    votes = [i for i, line in enumerate(lines) if "VOTE.ANY P" in line]
+    assert len(votes) >= 4, len(votes)  # three copies of a step in each of the two consumers
+    for i in votes:
+        branch = next(j for j in range(i, len(lines)) if re.search(r"@!P\d+ BRA", lines[j]))
+        assert branch - i < 40
+        multiplies = [line for line in lines[branch + 1:branch + 33] if "FMUL" in line]
+        assert len(multiplies) == 32, lines[branch:branch + 34]

@@ -144,6 +144,13 @@ PIN_WAIT: frozenset = frozenset({64})
 # head_dim 64 (bench/results/gluon_fwd_pin_wait.md, run A): 0.94-0.99x without PIN_WAIT, 0.96-1.00x
 # with it, so no head dim takes it
 TREE_MAX: frozenset = frozenset()
+# head dims (64 only) whose rows keep a stale max until a block's is more than 2**8 above it, and
+# whose warps skip the rescale of O when none of their rows moved (FlashAttention-4's conditional
+# rescaling: 32 multiplies a thread a step, after the P·V wait, saved on most steps; the result
+# is the same softmax, rounded differently). Measured (bench/results/gluon_fwd_lazy_rescale.md):
+# 0.96 / 0.99 / 1.00x the shipped kernel at 1k / 4k / 16k non-causal, 1.00x causal, so no head dim
+# takes it
+LAZY_RESCALE: frozenset = frozenset()
 
 
 @gluon.jit
@@ -201,10 +208,54 @@ def _after_softmax(l_i):
         }""", "=r,=r,r,r", [l_i], dtype=gl.float32, is_pure=False, pack=2)
 
 
+def _lazy_rescale_asm(n: int) -> str:
+    """PTX multiplying a thread's ``n`` accumulator values ($0..) by their rows' alphas
+    ($2n..), skipped by a warp none of whose rows changed its max (every alpha exactly 1).
+
+    A thread's values come in groups of four, rows r, r, r+8, r+8 (the wgmma accumulator's
+    register order), so the alphas of the first four cover both of its rows. ``vote`` makes the
+    branch uniform over the warp; labels inside braces are local to each copy of the asm.
+    """
+    lines = ["{", ".reg .pred p;", f"setp.neu.f32 p, ${2 * n}, 0f3F800000;"]
+    lines += [f"setp.neu.or.f32 p, ${2 * n + i}, 0f3F800000, p;" for i in (1, 2, 3)]
+    lines += ["vote.sync.any.pred p, p, 0xffffffff;", "@!p bra.uni SKIP;"]
+    lines += [f"mul.f32 ${i}, ${i}, ${2 * n + i};" for i in range(n)]
+    lines += ["SKIP:", "}"]
+    return "\n".join(lines)
+
+
+def _lazy_rescale_constraints(n: int) -> str:
+    """Outputs ``=r`` tied to the accumulator inputs (a skipped value stays in its register),
+    then the alphas."""
+    return ",".join(["=r"] * n + [str(i) for i in range(n)] + ["r"] * n)
+
+
+# head_dim 64 (64 query rows x 64 columns on 128 threads: 32 values a thread)
+_LAZY_ASM = gl.constexpr(_lazy_rescale_asm(32))
+_LAZY_CONSTRAINTS = gl.constexpr(_lazy_rescale_constraints(32))
+
+
+@gluon.jit
+def _rescale(acc, alpha, LAZY: gl.constexpr):
+    """``acc * alpha`` (alpha broadcast over a row); with LAZY (:data:`LAZY_RESCALE`, head_dim 64
+    only) a warp whose alphas are all 1 skips the multiplies."""
+    if LAZY:
+        gl.static_assert(acc.shape[0] * acc.shape[1] == 32 * 128, "LAZY_RESCALE: head_dim 64 only")
+        return gl.inline_asm_elementwise(_LAZY_ASM, _LAZY_CONSTRAINTS, [acc, alpha], dtype=gl.float32,
+                                         is_pure=True, pack=32)
+    else:
+        return acc * alpha
+
+
 @gluon.jit
 def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, TREE_MAX: gl.constexpr):
-    """Online softmax of key block j's raw scores: (p, alpha, new row max, new row sum)."""
+             BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, TREE_MAX: gl.constexpr,
+             LAZY: gl.constexpr):
+    """Online softmax of key block j's raw scores: (p, alpha, new row max, new row sum).
+
+    LAZY (:data:`LAZY_RESCALE`): a row keeps the max it has unless the block's is more than
+    2**8 above it, so its probabilities stay below 256 and its alpha is exactly 1 on most steps.
+    """
     if MASK:
         offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         keep = offs_n[None, :] < seqlen_k
@@ -214,6 +265,8 @@ def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.const
         s = gl.where(keep, s, float("-inf"))
     # the row max on raw scores: scale*log2(e) > 0 folds into the one multiply-add of exp2
     m_new = gl.maximum(m_i, _row_max(s, TREE_MAX) * qk_scale)
+    if LAZY:
+        m_new = gl.where(m_new > m_i + 8.0, m_new, m_i)
     if MASK:
         # a row that has seen no key yet keeps m = -inf; subtract 0 there instead (no NaN)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -364,7 +417,8 @@ def _take_turn(turns, r, W: gl.constexpr):
 def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0, diag,
           seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, KV_TOGETHER: gl.constexpr, W: gl.constexpr,
-          PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
+          PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
+          LAZY_RESCALE: gl.constexpr):
     """Key block j (ring position c + j) for one consumer: S_j, then P_{j-1} V_{j-1} beside the
     softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
@@ -390,7 +444,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
     if not KV_TOGETHER:
         _release(k_empty.index(slot), THREAD_ARRIVE)
     pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, row0, diag, seqlen_k, qk_scale, s_layout, ROWS, BLOCK_N, MASK,
-                                     CAUSAL, TREE_MAX)
+                                     CAUSAL, TREE_MAX, LAZY_RESCALE)
     if HAS_PREV:
         if PIN_WAIT:
             # P_j into registers of its own before the wait (P_{j-1}'s are still being read), then
@@ -402,7 +456,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
         else:
             acc = warpgroup_mma_wait(0, deps=(acc, ))
         _release_v(k_empty, v_empty, (r - 1) % STAGES, KV_TOGETHER, THREAD_ARRIVE)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    acc = _rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None], LAZY_RESCALE)
     # without PIN_WAIT, P is converted here, after the rescale, as in the code that was measured
     if PIN_WAIT and HAS_PREV:
         p = p_next
@@ -417,7 +471,8 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
               cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
-              THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr):
+              THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
+              LAZY_RESCALE: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -454,15 +509,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
         acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
                                  diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG,
-                                 THREAD_ARRIVE, PIN_WAIT, TREE_MAX)
+                                 THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE)
         for j in range(1, n_full):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX)
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE)
         for j in range(gl.maximum(n_full, 1), my_end):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX)
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE)
         last = c + my_end - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
@@ -516,7 +571,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
                     PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr,
-                    TREE_MAX: gl.constexpr):
+                    TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -577,15 +632,18 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
+                             LAZY_RESCALE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
+                             LAZY_RESCALE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
+                             LAZY_RESCALE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -595,11 +653,13 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
+                             LAZY_RESCALE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
-                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX)),
+                             PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
+                             LAZY_RESCALE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -728,6 +788,7 @@ def gluon_attention_forward(
     thread_arrive: Optional[bool] = None,
     pin_wait: Optional[bool] = None,
     tree_max: Optional[bool] = None,
+    lazy_rescale: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -736,7 +797,8 @@ def gluon_attention_forward(
     varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :func:`call_tile` and ``persistent``
     :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile), ``consumers``
     (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
-    ``thread_arrive``, ``pin_wait`` and ``tree_max`` the head-dim sets of the same names in capitals.
+    ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
+    names in capitals.
     Raises what Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
@@ -783,7 +845,8 @@ def gluon_attention_forward(
                   head_dim in PINGPONG if pingpong is None else bool(pingpong),
                   head_dim in THREAD_ARRIVE if thread_arrive is None else bool(thread_arrive),
                   head_dim in PIN_WAIT if pin_wait is None else bool(pin_wait),
-                  head_dim in TREE_MAX if tree_max is None else bool(tree_max))
+                  head_dim in TREE_MAX if tree_max is None else bool(tree_max),
+                  head_dim in LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
