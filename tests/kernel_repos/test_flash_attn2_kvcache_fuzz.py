@@ -3,7 +3,8 @@
 Each example draws a batch of cache rows (contiguous, or paged with a shuffled block table
 whose unused entries may be -1), lengths that fill a row up to its capacity, rows of padding
 (``cache_seqlens`` -1, as CUDA-graph batches carry), new keys to append, several query tokens,
-GQA, a head dim, causal or windowed masks, softcap, ALiBi and a split count. Every load and
+GQA, a head dim, causal or windowed masks, softcap, ALiBi, a split count and how a paged split
+finds its pages (the shipped choice, one block-table entry a block, or one a key). Every load and
 store must stay inside the launch's tensors (``interpreter_bounds``) and every row must match
 attention over the keys it holds after the append; a padding row gives 0 and leaves the cache
 as it was. ``pytest -m fuzz`` runs the long budget.
@@ -15,11 +16,17 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+import importlib
+
 from flash_ref import load_flash_attn2, reference
 from kernel_fuzz import fuzz_tests
 
 fa = load_flash_attn2()
+decode = importlib.import_module(fa.__name__ + "._triton_decode")
 PAGE = 16
+# how a paged split finds its pages: (PRELOAD_MAX, PAGE_BLOCKS); the interpreter's short rows
+# would always preload their few entries
+LOOKUPS = {"shipped": (decode.PRELOAD_MAX, decode.PAGE_BLOCKS), "blocks": (0, True), "per-key": (0, False)}
 
 calls = st.fixed_dictionaries(dict(
     rows=st.lists(st.tuples(st.one_of(st.just(-1), st.integers(0, 64)), st.booleans()), min_size=1, max_size=3),
@@ -35,10 +42,20 @@ calls = st.fixed_dictionaries(dict(
     softcap=st.sampled_from([0.0, 25.0]),
     alibi=st.booleans(),
     splits=st.sampled_from([0, 1, 3]),
+    lookup=st.sampled_from(sorted(LOOKUPS)),
 ))
 
 
 def _run(call: dict) -> None:
+    saved = decode.PRELOAD_MAX, decode.PAGE_BLOCKS
+    decode.PRELOAD_MAX, decode.PAGE_BLOCKS = LOOKUPS[call["lookup"]]
+    try:
+        _check(call)
+    finally:
+        decode.PRELOAD_MAX, decode.PAGE_BLOCKS = saved
+
+
+def _check(call: dict) -> None:
     hq, hk = call["heads"]
     d, batch, sq, new = call["d"], len(call["rows"]), call["sq"], call["new"]
     capacity = call["pages_per_row"] * PAGE
