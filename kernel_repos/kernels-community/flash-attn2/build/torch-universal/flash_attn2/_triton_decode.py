@@ -629,7 +629,8 @@ def decode_attention(
         splits = choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
     if splits == 1 and config is None and one_split is not None:
         block_n, num_warps, num_stages = one_split
-    preload, by_block = page_lookup(capacity, page_size, block_n, splits, leftpad is not None, window_left)
+    preload, by_block = page_lookup(capacity, page_size, block_n, splits, leftpad is not None, window_left) \
+        if page_size else (0, False)  # a dense cache: no call (host time paces eager decoding)
     if seqlen_q == 1:
         qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
     # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
