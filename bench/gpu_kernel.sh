@@ -9,7 +9,8 @@
 # launchcheck: the same check with every cached launch cross-checked against Triton's own choice of kernel
 # and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), into OUT/launch_check.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
-# beside cuDNN's kernels under the profiler.
+# beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
+# the head_dim 64 forward's stall samples per instruction beside cuDNN's.
 set -uo pipefail
 OUT=$1
 BASE=${2:-}
@@ -31,5 +32,6 @@ want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "
 want compile && step 90 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}"
 want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile --phases
 want ncu && step 200 python3 bench/ncu_limits.py --out "$RES" --commit "${COMMIT:-unknown}"
+want ncusource && step 200 python3 bench/ncu_source.py --out "$RES" --commit "${COMMIT:-unknown}"
 want e2e && step 200 python3 bench/e2e_transformers.py --shape llama-3-8b --out "$RES" --commit "${COMMIT:-unknown}"
 echo "=== done $(date -u +%T)"

@@ -46,24 +46,41 @@ def _ncu(*args: str) -> str:
     return done.stdout
 
 
-def _profile(name: str, kernel_dir: str, head_dim: int, causal: bool, work: Path) -> dict:
-    report = work / f"{name}.ncu-rep"
-    child = [sys.executable, __file__, "--child", kernel_dir or "", str(head_dim), str(int(causal))]
-    _ncu("--clock-control", "none", "-k", "regex:_gluon_attn_bwd", "-s", "1", "-c", "1",
+def profile_source(regex: str, child: list, report: Path) -> tuple:
+    """Run ``child`` (a command line) under Nsight Compute and read one launch of the kernel whose
+    name matches ``regex``, the second one (the first compiles and warms): ``(duration in ms,
+    header, rows)`` of its source page, one row per SASS instruction. Raises RuntimeError when ncu
+    fails."""
+    _ncu("--clock-control", "none", "-k", f"regex:{regex}", "-s", "1", "-c", "1",
          "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
          "-f", "-o", str(report.with_suffix("")), *child)
     details = _ncu("-i", str(report), "--page", "details")
     duration = re.search(r"Duration\s+(\w+)\s+([\d.,]+)", details)
     scale = {"ms": 1.0, "us": 1e-3, "usecond": 1e-3, "msecond": 1.0}.get(duration.group(1), float("nan"))
     rows = list(csv.reader(io.StringIO(_ncu("-i", str(report), "--page", "source", "--csv", "--print-source", "sass"))))
-    header, data = rows[1], rows[2:]
-    src, samples, executed = (header.index(c) for c in
-                              ("Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"))
+    return float(duration.group(2).replace(",", "")) * scale, rows[1], rows[2:]
+
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def stall_shares(header: list, data: list) -> dict:
+    """Each stall reason's share of all the kernel's warp samples (the source page's ``stall_``
+    columns, the 'Not Issued' duplicates left out)."""
+    samples = header.index(SAMPLES)
     reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
+    total = sum(int(r[samples] or 0) for r in data) or 1
+    return {header[i][len("stall_"):]: sum(int(r[i] or 0) for r in data) / total for i in reasons}
+
+
+def _profile(name: str, kernel_dir: str, head_dim: int, causal: bool, work: Path) -> dict:
+    child = [sys.executable, __file__, "--child", kernel_dir or "", str(head_dim), str(int(causal))]
+    duration_ms, header, data = profile_source("_gluon_attn_bwd", child, work / f"{name}.ncu-rep")
+    src, samples, executed = (header.index(c) for c in ("Source", SAMPLES, "Instructions Executed"))
     total = sum(int(r[samples] or 0) for r in data)
-    by_reason = {header[i][len("stall_"):]: sum(int(r[i] or 0) for r in data) / total for i in reasons}
+    by_reason = stall_shares(header, data)
     local = [r for r in data if re.search(r"\b(LDL|STL)\b", r[src])]
-    row = dict(kernel=name, head_dim=head_dim, causal=causal, duration_ms=float(duration.group(2).replace(",", "")) * scale,
+    row = dict(kernel=name, head_dim=head_dim, causal=causal, duration_ms=duration_ms,
                local_instructions_executed=sum(int(r[executed] or 0) for r in local),
                local_samples_share=sum(int(r[samples] or 0) for r in local) / total,
                instructions_executed=sum(int(r[executed] or 0) for r in data))
