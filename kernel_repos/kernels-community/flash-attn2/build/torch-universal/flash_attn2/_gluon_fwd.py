@@ -52,7 +52,8 @@ two warpgroups that issue their own copies behind a CTA barrier per step (0.84-0
 kernel); FlashAttention-3's ping-pong turns between the consumers (:data:`PINGPONG`: 0.96-0.99x
 at head_dim 64, mixed at 128); K and V of a slot handed back in one arrival
 (:data:`KV_TOGETHER`: level at head_dim 64, slower at 128 and 256); launching the longest
-causal row blocks first (slower at 1k and 4k); at head_dim 64 this kernel is not faster than
+causal row blocks first (slower at 1k and 4k); FlashAttention-4's conditional rescaling of O
+(:data:`LAZY_RESCALE`: 0.96-1.00x at head_dim 64); at head_dim 64 this kernel is not faster than
 the Triton forward without :data:`PIN_WAIT`; with it, non-causal calls at head_dim 64 run here,
 and causal ones from 4k query tokens.
 """
