@@ -71,8 +71,9 @@ def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_k
     through the row's block table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``.
     With PAGE_BLOCKS the block of keys from position ``block_start`` lies in one page (the host
     saw to it, see :data:`PAGE_BLOCKS`): ``pages`` is that page's table entry (loaded a step
-    earlier by the caller) and serves the whole block. With PRELOAD > 0 the page numbers come from ``pages`` (the split's table entries from
-    column ``first_page``, loaded before the loop), so no load in the loop waits on another load.
+    earlier by the caller) and serves the whole block. With PRELOAD > 0 the page numbers come
+    from ``pages`` (the split's table entries from column ``first_page``, loaded before the
+    loop), so no load in the loop waits on another load.
     A negative entry is a page not allocated (CUDA-graph padding): its keys are left out, never
     read."""
     if PAGE_SIZE > 0 and PAGE_BLOCKS:
@@ -620,17 +621,23 @@ def decode_attention(
     m_blocks = (rows + block_m - 1) // block_m
     programs = batch * num_kv_heads * m_blocks
     page_size = k_cache.shape[1] if block_table is not None else 0
+    # how a paged row read in one slice (the one-split tile) would find its pages: it may be read
+    # so only without per-key lookups, and then this is the launch's answer too
+    whole_lookup = page_lookup(capacity, page_size, one_split[0], 1, leftpad is not None, window_left) \
+        if page_size and one_split is not None and config is None and num_splits <= 0 else None
     if num_splits > 0:
         splits = num_splits
     else:  # a dense cache, or a paged one read without per-key lookups, may be read whole (WHOLE_ROWS_MIN_FILL)
-        whole_rows = one_split is not None and config is None and (
-            block_table is None or any(page_lookup(capacity, page_size, one_split[0], 1, leftpad is not None,
-                                                   window_left)))
+        whole_rows = one_split is not None and config is None and (block_table is None or any(whole_lookup))
         splits = choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
     if splits == 1 and config is None and one_split is not None:
         block_n, num_warps, num_stages = one_split
-    preload, by_block = page_lookup(capacity, page_size, block_n, splits, leftpad is not None, window_left) \
-        if page_size else (0, False)  # a dense cache: no call (host time paces eager decoding)
+    if not page_size:  # a dense cache: nothing to ask (host time paces eager decoding)
+        preload, by_block = 0, False
+    elif whole_lookup is not None and splits == 1:  # the same question, answered above
+        preload, by_block = whole_lookup
+    else:
+        preload, by_block = page_lookup(capacity, page_size, block_n, splits, leftpad is not None, window_left)
     if seqlen_q == 1:
         qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
     # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
@@ -667,8 +674,8 @@ def decode_attention(
             seqlen_q, num_kv_heads, hd, total_len_uniform, capacity,
             softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, block_d, page_size, preload, by_block, splits, total_lens is not None, batch_idx is not None, leftpad is not None,
-         alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
+        (group, block_m, block_n, block_d, page_size, preload, by_block, splits, total_lens is not None,
+         batch_idx is not None, leftpad is not None, alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
          need_lse or splits > 1, aligned, merge, merge and need_lse,
          min(max(MERGE_CHUNK * 16 // block_m, 1), 1 << (splits - 1).bit_length()) if merge else 1),
         num_warps, num_stages,
