@@ -168,17 +168,9 @@ def _row_max(s, TREE: gl.constexpr):
     """
     if TREE:
         R: gl.constexpr = s.shape[0]
-        N: gl.constexpr = s.shape[1]
+        HALVINGS: gl.constexpr = s.shape[1].bit_length() - 4  # down to 8 columns
         x = s
-        if N >= 256:
-            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
-        if N >= 128:
-            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
-        if N >= 64:
-            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
-        if N >= 32:
-            x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
-        if N >= 16:
+        for _ in gl.static_range(HALVINGS):
             x = gl.max(x.reshape([R, 2, x.shape[1] // 2]), axis=1)
         return gl.convert_layout(gl.max(x, axis=1), gl.SliceLayout(1, s.type.layout))
     else:
