@@ -71,6 +71,11 @@ for _d in HEAD_DIMS:
 # head_dim 64: a row's max kept until a block's is 2**8 above it, and the rescale of O skipped by
 # warps whose rows all kept theirs (_gluon_fwd.LAZY_RESCALE; the same softmax, rounded differently)
 KERNELS[64].update(gluon_lazy=dict(lazy_rescale=True))
+# every head dim: 1 or 2 of every 8 exponentials of P by a cubic on the FMA units instead of the
+# exp2 unit (_gluon_fwd.EXP2_POLY, FlashAttention-4's emulation; results within 8.6e-5 of the
+# shipped kernel's probabilities, not bit for bit)
+for _d in HEAD_DIMS:
+    KERNELS[_d].update(gluon_poly1=dict(exp2_poly=1), gluon_poly2=dict(exp2_poly=2))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
 SAME_BITS = ("strip", "pin_wait", "tree_max")
 

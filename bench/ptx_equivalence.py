@@ -69,13 +69,13 @@ def _ptx_lines(ptx: str) -> list:
 
 
 def gluon_configurations(name: str) -> dict:
-    """The dense Gluon forward at head_dim 128 / 256, causal and not: name -> (module, head_dim,
+    """The dense Gluon forward at head_dim 64 / 128 / 256, causal and not: name -> (module, head_dim,
     causal); empty when the package or this Triton lacks it."""
     try:
         gf = importlib.import_module(f"{name}._gluon_fwd")
     except ImportError:
         return {}
-    return {f"gluon_fwd_d{d}{'_causal' if causal else ''}": (gf, d, causal) for d in (128, 256) for causal in (False, True)}
+    return {f"gluon_fwd_d{d}{'_causal' if causal else ''}": (gf, d, causal) for d in (64, 128, 256) for causal in (False, True)}
 
 
 def compile_gluon(gf, head_dim: int, causal: bool) -> list:
@@ -107,6 +107,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(PIN_WAIT=head_dim in gf.PIN_WAIT, TREE_MAX=head_dim in gf.TREE_MAX)
     if "LAZY_RESCALE" in fn.arg_names:  # packages that can skip the rescale of O (head_dim 64)
         consts.update(LAZY_RESCALE=head_dim in gf.LAZY_RESCALE)
+    if "EXP2_POLY" in fn.arg_names:  # packages that can compute some exponentials on the FMA units
+        consts.update(EXP2_POLY=gf.EXP2_POLY.get(head_dim, 0))
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

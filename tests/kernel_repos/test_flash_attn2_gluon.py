@@ -249,6 +249,7 @@ def choice(i, shipped):  # argument i: "1", "0" or "shipped" (also when absent)
 thread_arrive, pin_wait, tree_max = choice(6, gf.THREAD_ARRIVE), choice(7, gf.PIN_WAIT), choice(8, gf.TREE_MAX)
 want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"  # the machine code instead of the PTX
 lazy_rescale = choice(10, gf.LAZY_RESCALE)
+exp2_poly = int(sys.argv[11]) if len(sys.argv) > 11 else gf.EXP2_POLY.get(head_dim, 0)
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -266,7 +267,8 @@ types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o
 constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages, consumers),
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
                  CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
-                 PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale)
+                 PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale,
+                 EXP2_POLY=exp2_poly)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}

@@ -152,6 +152,17 @@ TREE_MAX: frozenset = frozenset()
 # 0.96 / 0.99 / 1.00x the shipped kernel at 1k / 4k / 16k non-causal, 1.00x causal, so no head dim
 # takes it
 LAZY_RESCALE: frozenset = frozenset()
+# head_dim -> how many of every 8 exponentials of P a thread computes on the FMA units instead of
+# the exp2 unit (MUFU: 16 results a clock an SM, against 128 for FFMA), as FlashAttention-4 does:
+# 2**x = 2**floor(x) * 2**frac(x), the fraction's power by a cubic (relative error <= 8.6e-5,
+# below bf16's 2**-9 rounding of P), the integer part added to the exponent bits. Why: at
+# head_dim 64 both consumers' exponentials of a block take ~1,000 clocks of the exp2 unit, about
+# what the block's matmuls take on the tensor cores, and the softmax's other instructions leave
+# issue slots free (bench/NOTES.md). Not measured yet, so no head dim takes it.
+EXP2_POLY: dict = {}
+# the cubic 1 + C1 f + C2 f^2 + C3 f^3 ~ 2**f on [0, 1): minimax in relative error (Remez; the
+# coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon.py)
+EXP2_POLY_COEFFS = (0x3F31F32C, 0x3E691BC5, 0x3D9DD553)
 
 
 @gluon.jit
@@ -223,6 +234,68 @@ def _lazy_rescale_constraints(n: int) -> str:
     return ",".join(["=r"] * n + [str(i) for i in range(n)] + ["r"] * n)
 
 
+def exp2_mixed_asm(poly: int, pack: int = 8) -> str:
+    """PTX computing 2**x for ``pack`` values ($pack.. in, $0.. out), ``poly`` of them (spread over
+    the pack) on the FMA units and the rest with ``ex2.approx.ftz``. Raises ValueError unless
+    0 <= poly <= pack.
+
+    The emulation, per value: x clamped to >= -127 (so -inf, a masked score, gives +0, as the
+    exp2 unit's flush to zero does); ``t = x + 1.5 * 2**23`` rounded down holds floor(x) in its
+    low mantissa bits, so ``t - 1.5 * 2**23`` is floor(x) and ``x - floor(x)`` the fraction f,
+    both exact; the cubic in f (three FMAs) gives 2**f in [1, 2); and ``t * 2**23 + bits(2**f)``
+    (one integer multiply-add: the magic constant's bits vanish above bit 31) adds floor(x) to
+    the exponent field.
+    """
+    if not 0 <= poly <= pack:
+        raise ValueError(f"poly must lie in [0, {pack}], got {poly}")
+    c1, c2, c3 = (f"0f{c:08X}" for c in EXP2_POLY_COEFFS)
+    emulated = {round((k + 1) * pack / poly) - 1 for k in range(poly)} if poly else set()
+    lines = []
+    for i in range(pack):
+        src, dst = f"${pack + i}", f"${i}"
+        if i not in emulated:
+            lines.append(f"ex2.approx.ftz.f32 {dst}, {src};")
+            continue
+        lines += ["{", ".reg .b32 x, t, j, f, p;",
+                  f"max.ftz.f32 x, {src}, 0fC2FE0000;",
+                  "add.rm.ftz.f32 t, x, 0f4B400000;",
+                  "sub.ftz.f32 j, t, 0f4B400000;",
+                  "sub.ftz.f32 f, x, j;",
+                  f"fma.rn.ftz.f32 p, f, {c3}, {c2};",
+                  f"fma.rn.ftz.f32 p, p, f, {c1};",
+                  "fma.rn.ftz.f32 p, p, f, 0f3F800000;",
+                  f"mad.lo.u32 {dst}, t, 8388608, p;",
+                  "}"]
+    return "\n".join(lines)
+
+
+# the variants a kernel may compile: how many of 8 on the FMA units -> its asm (constexprs, so a
+# jit function can pick one by a constexpr)
+_EXP2_ASM_1 = gl.constexpr(exp2_mixed_asm(1))
+_EXP2_ASM_2 = gl.constexpr(exp2_mixed_asm(2))
+_EXP2_ASM_3 = gl.constexpr(exp2_mixed_asm(3))
+_EXP2_ASM_4 = gl.constexpr(exp2_mixed_asm(4))
+_EXP2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
+EXP2_POLY_CHOICES = (0, 1, 2, 3, 4)
+
+
+@gluon.jit
+def _exp2(x, POLY: gl.constexpr):
+    """``gl.exp2(x)``; with POLY (:data:`EXP2_POLY`), POLY of every 8 values by the cubic on the
+    FMA units."""
+    if POLY == 1:
+        return gl.inline_asm_elementwise(_EXP2_ASM_1, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif POLY == 2:
+        return gl.inline_asm_elementwise(_EXP2_ASM_2, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif POLY == 3:
+        return gl.inline_asm_elementwise(_EXP2_ASM_3, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    elif POLY == 4:
+        return gl.inline_asm_elementwise(_EXP2_ASM_4, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    else:
+        gl.static_assert(POLY == 0, "EXP2_POLY: 0 to 4 of every 8")
+        return gl.exp2(x)
+
+
 # head_dim 64 (64 query rows x 64 columns on 128 threads: 32 values a thread)
 _LAZY_ASM = gl.constexpr(_lazy_rescale_asm(32))
 _LAZY_CONSTRAINTS = gl.constexpr(_lazy_rescale_constraints(32))
@@ -243,7 +316,7 @@ def _rescale(acc, alpha, LAZY: gl.constexpr):
 @gluon.jit
 def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
              BLOCK_N: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, TREE_MAX: gl.constexpr,
-             LAZY: gl.constexpr):
+             LAZY: gl.constexpr, POLY: gl.constexpr):
     """Online softmax of key block j's raw scores: (p, alpha, new row max, new row sum).
 
     LAZY (:data:`LAZY_RESCALE`): a row keeps the max it has unless the block's is more than
@@ -265,7 +338,7 @@ def _softmax(s, m_i, l_i, j, off_m, diag, seqlen_k, qk_scale, s_layout: gl.const
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    pf = gl.exp2(s * qk_scale - m_use[:, None])
+    pf = _exp2(s * qk_scale - m_use[:, None], POLY)
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.sum(pf, axis=1)
     return pf, alpha, m_new, l_i
@@ -411,7 +484,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
           seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, KV_TOGETHER: gl.constexpr, W: gl.constexpr,
           PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-          LAZY_RESCALE: gl.constexpr):
+          LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr):
     """Key block j (ring position c + j) for one consumer: S_j, then P_{j-1} V_{j-1} beside the
     softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
@@ -437,7 +510,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
     if not KV_TOGETHER:
         _release(k_empty.index(slot), THREAD_ARRIVE)
     pf, alpha, m_new, l_i = _softmax(s, m_i, l_i, j, row0, diag, seqlen_k, qk_scale, s_layout, ROWS, BLOCK_N, MASK,
-                                     CAUSAL, TREE_MAX, LAZY_RESCALE)
+                                     CAUSAL, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
     if HAS_PREV:
         if PIN_WAIT:
             # P_j into registers of its own before the wait (P_{j-1}'s are still being read), then
@@ -465,7 +538,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
               THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-              LAZY_RESCALE: gl.constexpr):
+              LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -502,15 +575,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
         acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
                                  diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG,
-                                 THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE)
+                                 THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
         for j in range(1, n_full):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE)
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
         for j in range(gl.maximum(n_full, 1), my_end):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE)
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
         last = c + my_end - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
@@ -564,7 +637,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
                     PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr,
-                    TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+                    TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -626,17 +699,17 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE)),
+                             LAZY_RESCALE, EXP2_POLY)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE)),
+                             LAZY_RESCALE, EXP2_POLY)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE)),
+                             LAZY_RESCALE, EXP2_POLY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -647,12 +720,12 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE)),
+                             LAZY_RESCALE, EXP2_POLY)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE)),
+                             LAZY_RESCALE, EXP2_POLY)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -782,6 +855,7 @@ def gluon_attention_forward(
     pin_wait: Optional[bool] = None,
     tree_max: Optional[bool] = None,
     lazy_rescale: Optional[bool] = None,
+    exp2_poly: Optional[int] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -791,7 +865,7 @@ def gluon_attention_forward(
     :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile), ``consumers``
     (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
     ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
-    names in capitals.
+    names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`.
     Raises what Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
@@ -839,7 +913,8 @@ def gluon_attention_forward(
                   head_dim in THREAD_ARRIVE if thread_arrive is None else bool(thread_arrive),
                   head_dim in PIN_WAIT if pin_wait is None else bool(pin_wait),
                   head_dim in TREE_MAX if tree_max is None else bool(tree_max),
-                  head_dim in LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale))
+                  head_dim in LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale),
+                  EXP2_POLY.get(head_dim, 0) if exp2_poly is None else int(exp2_poly))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
