@@ -76,8 +76,12 @@ KERNELS[64].update(gluon_lazy=dict(lazy_rescale=True))
 # shipped kernel's probabilities, not bit for bit)
 for _d in HEAD_DIMS:
     KERNELS[_d].update(gluon_poly1=dict(exp2_poly=1), gluon_poly2=dict(exp2_poly=2))
+# every head dim: two key blocks a trip of the unmasked loop (_gluon_fwd.UNROLL2: no moves of P
+# between register sets; the same bits), alone and with 1 of 8 exponentials on the FMA units
+for _d in HEAD_DIMS:
+    KERNELS[_d].update(gluon_u2=dict(unroll2=True), gluon_u2p1=dict(unroll2=True, exp2_poly=1))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
-SAME_BITS = ("strip", "pin_wait", "tree_max")
+SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2")
 
 # The launches of the "strip" variants carry this num_stages (a Gluon kernel has no software
 # pipeliner, so the value changes nothing else): it keys them apart in Triton's caches and tells

@@ -109,6 +109,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(LAZY_RESCALE=head_dim in gf.LAZY_RESCALE)
     if "EXP2_POLY" in fn.arg_names:  # packages that can compute some exponentials on the FMA units
         consts.update(EXP2_POLY=gf.EXP2_POLY.get(head_dim, 0))
+    if "UNROLL2" in fn.arg_names:  # packages that can run two key blocks a loop trip
+        consts.update(UNROLL2=head_dim in gf.UNROLL2)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

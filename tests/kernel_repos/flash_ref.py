@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,16 @@ def lse_err(got: torch.Tensor, want: torch.Tensor) -> float:
         return float("inf")
     fin = torch.isfinite(want)
     return (got[fin] - want[fin]).abs().max().item() if fin.any() else 0.0
+
+
+def sass_loops(sass: str) -> list:
+    """The loops of a ``cuobjdump -sass`` listing: for each branch back to an earlier address,
+    the instruction texts from that address to the branch (nested loops each appear whole)."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for at, text in ins:
+        m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < at:
+            loops.append([t for a, t in ins if int(m.group(1), 16) <= a <= at])
+    return loops
+

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from flash_ref import load_flash_attn2, reference, rel_err, run_compiling_child
+from flash_ref import load_flash_attn2, reference, rel_err, run_compiling_child, sass_loops
 
 fa = load_flash_attn2()
 dispatch = importlib.import_module(fa.__name__ + "._gluon_dispatch")
@@ -249,7 +249,9 @@ def choice(i, shipped):  # argument i: "1", "0" or "shipped" (also when absent)
 thread_arrive, pin_wait, tree_max = choice(6, gf.THREAD_ARRIVE), choice(7, gf.PIN_WAIT), choice(8, gf.TREE_MAX)
 want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"  # the machine code instead of the PTX
 lazy_rescale = choice(10, gf.LAZY_RESCALE)
-exp2_poly = int(sys.argv[11]) if len(sys.argv) > 11 else gf.EXP2_POLY.get(head_dim, 0)
+exp2_poly = (gf.EXP2_POLY.get(head_dim, 0) if len(sys.argv) <= 11 or sys.argv[11] == "shipped"
+             else int(sys.argv[11]))  # of every 8 exponentials, how many on the FMA units
+unroll2 = choice(12, gf.UNROLL2)
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -268,7 +270,7 @@ constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
                  CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
                  PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale,
-                 EXP2_POLY=exp2_poly)
+                 EXP2_POLY=exp2_poly, UNROLL2=unroll2)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
@@ -427,3 +429,32 @@ def test_lazy_rescale_skips_the_multiplies_of_o_in_warps_whose_rows_kept_their_m
         assert branch - i < 40
         multiplies = [line for line in lines[branch + 1:branch + 33] if "FMUL" in line]
         assert len(multiplies) == 32, lines[branch:branch + 34]
+
+
+def _key_loop_moves(sass: str) -> list:
+    """Per SASS loop that issues wgmma and at most two steps' exponentials (the key loops): the
+    number of wgmma (HGMMA), of exponentials (MUFU.EX2) and of register moves (MOV, IMAD.MOV)."""
+    loops = []
+    for body in sass_loops(sass):
+        wgmma, exps = sum("HGMMA" in t for t in body), sum("MUFU.EX2" in t for t in body)
+        if wgmma and 0 < exps <= 2 * 66:
+            loops.append((wgmma, exps, sum(bool(re.search(r"\b(IMAD\.MOV\S*|MOV)\s+R", t)) for t in body)))
+    return loops
+
+
+def test_two_steps_a_trip_drop_the_moves_of_p_between_its_register_sets(tmp_path):
+    # UNROLL2 (off until timed): at head_dim 64 a one-step loop moves P_j back into P_{j-1}'s
+    # registers every trip (32 moves of the 34 a step); two steps a trip alternate between the sets
+    gf = _gluon_fwd()
+    assert 64 not in gf.UNROLL2
+    base = (64, 0, 0, 2, "shipped", "shipped", "shipped", "sass", "shipped", "shipped")
+    one = run_compiling_child(_COMPILE_FOR_SM90, (*base, "0"), tmp_path / "one")
+    two = run_compiling_child(_COMPILE_FOR_SM90, (*base, "1"), tmp_path / "two")
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-3000:], two.stderr[-3000:])
+    # the unmasked loop: 4 + 8 wgmma a step (S = Q K^T in 4 k-steps of 16, P V in 8), 66 exponentials
+    one_step = [moves for wgmma, exps, moves in _key_loop_moves(one.stdout) if (wgmma, exps) == (12, 66)]
+    two_steps = [moves for wgmma, exps, moves in _key_loop_moves(two.stdout) if (wgmma, exps) == (24, 132)]
+    assert one_step and two_steps, (_key_loop_moves(one.stdout), _key_loop_moves(two.stdout))
+    assert min(one_step) >= 32
+    assert max(two_steps) <= min(one_step), (one_step, two_steps)  # two steps, no more moves than one had
+

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from flash_ref import load_flash_attn2, run_compiling_child
+from flash_ref import load_flash_attn2, run_compiling_child, sass_loops
 
 fa = load_flash_attn2()
 
@@ -186,17 +186,11 @@ def test_a_softmax_row_with_a_quarter_emulated_matches_the_exact_one():
 
 
 def _key_loops(sass: str) -> list:
-    """The SASS loops (a backward branch to an address before it) that issue wgmma and
-    exponentials: per loop, the counts of MUFU.EX2 and of FADD rounding down (FADD.FTZ.RM)."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    loops = []
-    for at, text in ins:
-        m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < at:
-            body = [t for a, t in ins if int(m.group(1), 16) <= a <= at]
-            if any("HGMMA" in t for t in body) and any("MUFU.EX2" in t for t in body):
-                loops.append((sum("MUFU.EX2" in t for t in body), sum("FADD.FTZ.RM" in t for t in body), len(body)))
-    return loops
+    """The SASS loops that issue wgmma and exponentials: per loop, the counts of MUFU.EX2, of
+    FADD rounding down (FADD.FTZ.RM) and of instructions."""
+    return [(sum("MUFU.EX2" in t for t in body), sum("FADD.FTZ.RM" in t for t in body), len(body))
+            for body in sass_loops(sass)
+            if any("HGMMA" in t for t in body) and any("MUFU.EX2" in t for t in body)]
 
 
 def _sm90_child():

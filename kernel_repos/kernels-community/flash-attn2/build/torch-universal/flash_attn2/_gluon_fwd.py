@@ -160,6 +160,12 @@ LAZY_RESCALE: frozenset = frozenset()
 # what the block's matmuls take on the tensor cores, and the softmax's other instructions leave
 # issue slots free (bench/NOTES.md). Not measured yet, so no head dim takes it.
 EXP2_POLY: dict = {}
+# head dims whose unmasked key loop runs two key blocks a trip. Why: P_j is converted into
+# registers of its own while P_{j-1}'s are still read by the P·V wgmma (PIN_WAIT), and a loop of
+# one step must move it back into P_{j-1}'s registers before the next trip (32 moves a step at
+# head_dim 64, offline sm90 SASS); two steps a trip alternate between the two sets. The same
+# arithmetic in the same order, so the same bits. Not timed yet, so no head dim takes it.
+UNROLL2: frozenset = frozenset()
 # the cubic 1 + C1 f + C2 f^2 + C3 f^3 ~ 2**f on [0, 1): minimax in relative error (Remez; the
 # coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon.py)
 EXP2_POLY_COEFFS = (0x3F31F32C, 0x3E691BC5, 0x3D9DD553)
@@ -538,7 +544,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
               THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-              LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr):
+              LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr, UNROLL2: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -576,10 +582,26 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
                                  diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG,
                                  THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
-        for j in range(1, n_full):
-            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
-                                     row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
+        if UNROLL2:  # two steps a trip, then the odd one out (UNROLL2)
+            for j2 in range(0, (n_full - 1) // 2):
+                acc, p, m_i, l_i = _step(1 + 2 * j2, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc,
+                                         p, m_i, l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True,
+                                         KV_TOGETHER, W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE,
+                                         EXP2_POLY)
+                acc, p, m_i, l_i = _step(2 + 2 * j2, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc,
+                                         p, m_i, l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True,
+                                         KV_TOGETHER, W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE,
+                                         EXP2_POLY)
+            if (n_full - 1) % 2 == 1:
+                acc, p, m_i, l_i = _step(n_full - 1, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc,
+                                         p, m_i, l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True,
+                                         KV_TOGETHER, W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE,
+                                         EXP2_POLY)
+        else:
+            for j in range(1, n_full):
+                acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i,
+                                         l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER,
+                                         W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
         for j in range(gl.maximum(n_full, 1), my_end):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
@@ -637,7 +659,8 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
                     PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr,
-                    TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr):
+                    TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr,
+                    UNROLL2: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -699,17 +722,17 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -720,12 +743,12 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -856,6 +879,7 @@ def gluon_attention_forward(
     tree_max: Optional[bool] = None,
     lazy_rescale: Optional[bool] = None,
     exp2_poly: Optional[int] = None,
+    unroll2: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -865,7 +889,8 @@ def gluon_attention_forward(
     :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile), ``consumers``
     (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
     ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
-    names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`.
+    names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`
+    and ``unroll2`` :data:`UNROLL2`.
     Raises what Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
@@ -914,7 +939,8 @@ def gluon_attention_forward(
                   head_dim in PIN_WAIT if pin_wait is None else bool(pin_wait),
                   head_dim in TREE_MAX if tree_max is None else bool(tree_max),
                   head_dim in LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale),
-                  EXP2_POLY.get(head_dim, 0) if exp2_poly is None else int(exp2_poly))
+                  EXP2_POLY.get(head_dim, 0) if exp2_poly is None else int(exp2_poly),
+                  head_dim in UNROLL2 if unroll2 is None else bool(unroll2))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
