@@ -5,28 +5,48 @@ compiles by itself); then with a folder prepared by ``kernel-loader warmup``, ma
 checking that the job only reads it (no file added or changed: it can be shared read-only).
 About 30-40 s of GPU time. Writes ``bench/results/compile_report.md`` and ``.json``::
 
-    python bench/compile_report.py
+    python bench/compile_report.py [--phases]
+
+``--phases`` also writes ``compile_report_phases.md`` / ``.json``: where the seconds of the two
+empty-cache runs go, from timers around Triton's compile and its stages, its compiler hash, the
+C modules it builds with the system compiler (its CUDA utilities, each kernel's launcher), the
+loading of each compiled kernel, and the package's waits for its compile threads. Each interval
+is kept with the thread it ran on, so the table shows what the calling thread itself spent (the
+first call's critical path) apart from what the compile threads did beside it. Intervals nest (a
+compile holds its stages; loading a kernel can build its launcher): each row is inclusive; the
+JSON keeps every interval.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import harness
 
 SHAPE = dict(head_dim=128, heads=16, seq=4096, causal=True)  # the issue's first-call row
 _PROBE = r"""
-import json, sys, time
+import json, sys, threading, time
 t0 = time.perf_counter()
+intervals = None
+if len(sys.argv) > 3:  # --phases: timers in place before anything of Triton's runs
+    sys.path.insert(0, sys.argv[3])
+    import compile_report
+    intervals = compile_report.install()
 import torch, kernel_loader
 fa = kernel_loader.get_local_kernel(sys.argv[1])
+if intervals is not None:
+    launch = sys.modules[fa.__name__ + "._launch"]
+    compile_report.install([(launch.__name__, "wait", "waiting for the compile threads"),
+                            (launch.__name__, "_hash_compiler_once", "waiting for the compiler hash")], intervals)
 s = json.loads(sys.argv[2])
 mk = lambda: torch.randn(1, s["seq"], s["heads"], s["head_dim"], device="cuda", dtype=torch.bfloat16, requires_grad=True)
 q, k, v = mk(), mk(), mk()
@@ -45,17 +65,95 @@ t2 = time.perf_counter()
 out.backward(torch.randn_like(out))
 torch.cuda.synchronize()
 t3 = time.perf_counter()
-print(json.dumps(dict(setup_s=ta - t0, autograd_s=t1 - ta, forward_s=t2 - t1, backward_s=t3 - t2, first_call_s=t3 - t1)))
+row = dict(setup_s=ta - t0, autograd_s=t1 - ta, forward_s=t2 - t1, backward_s=t3 - t2, first_call_s=t3 - t1)
+if intervals is not None:
+    row.update(start=t1, caller=threading.current_thread().name, intervals=intervals)
+print(json.dumps(row))
 """
 
 
-def _probe(cache_dir: Path, threads: Optional[int] = None) -> dict:
+# (module, attribute path, label): what is timed. Module-level functions are also replaced where
+# other modules imported them by name (see install).
+WATCHED: Tuple[Tuple[str, str, str], ...] = (
+    ("triton.runtime.cache", "triton_key", "Triton's compiler hash"),
+    ("triton.compiler.compiler", "compile", "compile (whole kernel)"),
+    ("triton.backends.nvidia.compiler", "CUDABackend.make_ttir", "stage: TTIR"),
+    ("triton.backends.nvidia.compiler", "CUDABackend.make_ttgir", "stage: TTGIR"),
+    ("triton.backends.nvidia.compiler", "CUDABackend.gluon_to_ttgir", "stage: Gluon to TTGIR"),
+    ("triton.backends.nvidia.compiler", "CUDABackend.make_llir", "stage: LLVM IR"),
+    ("triton.backends.nvidia.compiler", "CUDABackend.make_ptx", "stage: PTX"),
+    ("triton.backends.nvidia.compiler", "CUDABackend.make_cubin", "stage: cubin (ptxas)"),
+    ("triton.runtime.build", "compile_module_from_src", "C module built or loaded"),
+    ("triton.compiler.compiler", "CompiledKernel._init_handles", "kernel loaded (module, launcher)"),
+)
+
+
+def install(watched=WATCHED, intervals: Optional[list] = None) -> list:
+    """Replace each watched callable with a timer around it; returns the list that collects
+    ``(label, detail, thread name, start s, end s)`` per call (``time.perf_counter``). ``detail``:
+    the C module's name for module builds, else empty. Modules are imported here; a watched name
+    that this Triton lacks is skipped. Raises nothing."""
+    import importlib
+
+    intervals = [] if intervals is None else intervals
+    for module_name, path, label in watched:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        owner_name, _, attr = path.rpartition(".")
+        owner = getattr(module, owner_name) if owner_name else module
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
+        if raw is None:
+            continue
+        static = isinstance(raw, staticmethod)
+        fn = raw.__func__ if static else raw
+        timed = _timer(fn, label, intervals)
+        setattr(owner, attr, staticmethod(timed) if static else timed)
+        if not owner_name:  # also where other modules hold it under a name of their own
+            for other in list(sys.modules.values()):
+                for key, value in list(getattr(other, "__dict__", {}).items()):
+                    if value is fn:
+                        setattr(other, key, timed)
+    return intervals
+
+
+def _timer(fn: Callable, label: str, intervals: list) -> Callable:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            detail = kwargs.get("name", args[1] if len(args) > 1 and isinstance(args[1], str) else "") \
+                if label.startswith("C module") else ""
+            intervals.append((label, detail, threading.current_thread().name, start, time.perf_counter()))
+    return timed
+
+
+def summarise(intervals: List[tuple], caller: str, since: float = float("-inf"),
+              until: float = float("inf")) -> List[Dict[str, Any]]:
+    """Per label (and C module name): calls, seconds on the ``caller`` thread, seconds on every
+    other thread, over the intervals that started in ``[since, until)``; in first-seen order."""
+    rows: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for label, detail, thread, start, end in intervals:
+        if not since <= start < until:
+            continue
+        row = rows.setdefault((label, detail), dict(phase=f"{label} ({detail})" if detail else label, calls=0,
+                                                    caller_s=0.0, other_threads_s=0.0))
+        row["calls"] += 1
+        row["caller_s" if thread == caller else "other_threads_s"] += end - start
+    return list(rows.values())
+
+
+def _probe(cache_dir: Path, threads: Optional[int] = None, phases: bool = False) -> dict:
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=str(harness.REPO_ROOT))
     env.pop("FLASH_ATTN2_COMPILE_THREADS", None)
     if threads is not None:
         env["FLASH_ATTN2_COMPILE_THREADS"] = str(threads)
     kernel = harness.REPO_ROOT / "kernel_repos" / "kernels-community" / "flash-attn2"
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(kernel), json.dumps(SHAPE)], env=env,
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(kernel), json.dumps(SHAPE),
+                          *([str(Path(__file__).parent)] if phases else [])], env=env,
                          capture_output=True, text=True, timeout=300, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -73,13 +171,41 @@ def _snapshot(folder: Path) -> dict:
             for p in folder.rglob("*") if p.is_file()}
 
 
+def _write_phases(runs: Dict[str, dict], args: Any) -> None:
+    rows = []
+    for case, run in runs.items():
+        rows.append(dict(case=case, phase="first call (forward + backward)", calls=1, caller_s=run["first_call_s"],
+                         other_threads_s=None))
+        rows.append(dict(case=case, phase="first forward", calls=1, caller_s=run["forward_s"], other_threads_s=None))
+        rows += [dict(case=case, **row) for row in summarise(run["intervals"], run["caller"], since=run["start"])]
+        rows += [dict(case=case, **{**row, "phase": f"before the call: {row['phase']}"})
+                 for row in summarise(run["intervals"], run["caller"], until=run["start"])]
+    harness.write_results(
+        "compile_report_phases", rows,
+        title="Where the first call's seconds go (fwd+bwd, bf16, d=128, 16 heads, 4k, causal, empty Triton cache)",
+        columns=dict(case="run", phase="phase (inclusive)", calls="calls", caller_s="calling thread s",
+                     other_threads_s="other threads s"),
+        out_dir=args.out, commit=args.commit,
+        notes=["The two empty-cache runs of compile_report.md, each a fresh process; 'compiling on the calling "
+               "thread' is FLASH_ATTN2_COMPILE_THREADS=0. Phases are timers around Triton's functions (the "
+               "script's WATCHED) and the package's waits; they nest, so rows overlap. 'before the call': "
+               "intervals that started before the first call (the package's import and set-up)."],
+        extra=dict(runs=runs))
+
+
 def main() -> None:
-    args = harness.arguments(__doc__).parse_args()
+    parser = harness.arguments(__doc__)
+    parser.add_argument("--phases", action="store_true", help="also time the empty-cache runs by phase")
+    args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cold, serial, prepared = Path(tmp) / "cold", Path(tmp) / "serial", Path(tmp) / "prepared"
-        rows.append(dict(case="empty cache", **_probe(cold)))
-        rows.append(dict(case="empty cache, compiling on the calling thread", **_probe(serial, threads=0)))
+        runs = {"empty cache": _probe(cold, phases=args.phases),
+                "empty cache, compiling on the calling thread": _probe(serial, threads=0, phases=args.phases)}
+        for case, run in runs.items():
+            rows.append(dict(case=case, **{k: v for k, v in run.items() if k.endswith("_s")}))
+        if args.phases:
+            _write_phases(runs, args)
         env = dict(os.environ, PYTHONPATH=str(harness.REPO_ROOT))
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "kernel_loader.cli", "warmup", "--into", str(prepared),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The kernel's whole GPU check in one run: correctness (against float64 and a baseline copy of the
 # package), flash-attention's own tests, the attention, packed-sequence and decode tables, and the first call with
-# and without a prepared compile cache, the host time per call, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
+# and without a prepared compile cache (and where its seconds go), the host time per call, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
 # STEPS picks a subset (default: all; the limits in seconds keep a run inside a time budget).
 #
 #   COMMIT=<sha> [STEPS="warm check launchcheck attention varlen decode tests compile host e2e"] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
@@ -29,7 +29,7 @@ want varlen && step 90 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decode && step 60 python3 bench/decode_merge.py --out "$RES" --commit "${COMMIT:-unknown}"
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
-want compile && step 90 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}"
+want compile && step 100 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}" --phases
 want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile --phases
 want ncu && step 200 python3 bench/ncu_limits.py --out "$RES" --commit "${COMMIT:-unknown}"
 want ncusource && step 200 python3 bench/ncu_source.py --out "$RES" --commit "${COMMIT:-unknown}"
