@@ -13,6 +13,7 @@ adds another copy of the kernel package (e.g. the previous commit's) as a column
 
 from __future__ import annotations
 
+import importlib
 import random
 from typing import List
 
@@ -21,6 +22,9 @@ import harness
 TOKENS = 16384
 HEADS = 16
 HEAD_DIMS = (128, 256, 64)
+# head dims whose packed forward the dispatch sends to the Gluon kernel on sm90
+# (_gluon_dispatch.MEASURED_FASTER_VARLEN); the others also time the Gluon forward beside it
+GLUON_VARLEN_DIMS = (128, 256)
 
 
 def lengths(tokens: int = TOKENS, low: int = 128, high: int = 4096, seed: int = 0) -> List[int]:
@@ -87,9 +91,18 @@ def main() -> None:
                 out = fa.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal, deterministic=True)
                 torch.autograd.grad(out, (q, k, v), do)
             timed["ours_det"] = (None, deterministic)
+            if dim not in GLUON_VARLEN_DIMS:
+                # the Gluon forward on packed sequences where the dispatch keeps the Triton one:
+                # what moving the head dim to it would give (bench/gluon_fwd.py checks it packed)
+                gf = importlib.import_module(kernels["ours"].__name__ + "._gluon_fwd")
+                timed["gluon"] = (_no_grad(lambda gf=gf, causal=causal, dim=dim: gf.gluon_attention_forward(
+                    q, k, v, softmax_scale=dim ** -0.5, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                    max_seqlen_q=max_len)), None)
             rows.append(harness.attention_row(row, timed, flop))
             if row.get("ours_fwdbwd") and row.get("ours_det_fwdbwd"):
                 row["vs_det_fwdbwd"] = row["ours_fwdbwd"] / row["ours_det_fwdbwd"]
+            if row.get("gluon_fwd") and row.get("ours_fwd"):
+                row["gluon_vs_ours_fwd"] = row["gluon_fwd"] / row["ours_fwd"]
             print(row, flush=True)
         del q, k, v, pq, pk, pv
         torch.cuda.empty_cache()
@@ -97,7 +110,8 @@ def main() -> None:
                    ours_fwd="ours fwd", sdpa_cudnn_fwd="cuDNN fwd (padded)", sdpa_flash_fwd="FA2 fwd (padded)",
                    ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b (padded)",
                    sdpa_flash_fwdbwd="FA2 f+b (padded)", ours_det_fwdbwd="ours f+b deterministic",
-                   ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b", vs_det_fwdbwd="ours/deterministic f+b")
+                   ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b", vs_det_fwdbwd="ours/deterministic f+b",
+                   gluon_fwd="Gluon fwd (not dispatched)", gluon_vs_ours_fwd="Gluon/ours fwd")
     if args.baseline:
         columns.update(harness.BASELINE_COLUMNS)
     path = harness.write_results(
@@ -108,7 +122,9 @@ def main() -> None:
                "medians. FLOPs of the real tokens only (4·H·n²·D per "
                "sequence, halved when causal; 3.5x for forward+backward). 'deterministic': the kernel called "
                "with deterministic=True, which runs the Triton backward (dQ in its own kernel); the default runs "
-               "the Gluon backward where _gluon_dispatch.MEASURED_FASTER_BWD_VARLEN lists the head dim."],
+               "the Gluon backward where _gluon_dispatch.MEASURED_FASTER_BWD_VARLEN lists the head dim. 'Gluon fwd "
+               "(not dispatched)': the Gluon forward called directly at a head dim whose packed forward the "
+               "dispatch keeps on the Triton kernel."],
         extra=dict(lengths=lens))
     print(path.read_text())
 
