@@ -45,6 +45,9 @@ KERNELS[128].update(gluon_n128=dict(tile=(128, 2)), gluon_n64=dict(tile=(64, 4))
 # tile) with 128- and 64-key blocks, beside the shipped two (gluon_fwd_d64_tiles.md has the
 # 256-key and 2-stage tiles with two)
 KERNELS[64].update(gluon_c3=dict(consumers=3), gluon_c3n64=dict(consumers=3, tile=(64, 4)))
+# head_dim 64 with two consumers and 64-key blocks (4 or 8 stages): less of each diagonal block
+# masked, for short causal calls (what SHORT_CAUSAL_TILES gives head_dim 128)
+KERNELS[64].update(gluon_n64=dict(tile=(64, 4)), gluon_n64s8=dict(tile=(64, 8)))
 # every head dim: K and V of a ring slot handed back in one arrival once P·V of that block is done
 # (_gluon_fwd.KV_TOGETHER), beside the shipped K-after-S / V-after-P·V arrivals; and the two
 # consumers taking turns issuing their matmuls (FlashAttention-3's ping-pong, _gluon_fwd.PINGPONG)
