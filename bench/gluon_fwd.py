@@ -83,8 +83,12 @@ for _d in HEAD_DIMS:
 # between register sets; the same bits), alone and with 1 of 8 exponentials on the FMA units
 for _d in HEAD_DIMS:
     KERNELS[_d].update(gluon_u2=dict(unroll2=True), gluon_u2p1=dict(unroll2=True, exp2_poly=1))
+# head dims with two sets of Q buffers: a tile's output copy waited for inside the next tile
+# (_gluon_fwd.DEFERRED_STORE; the same bits)
+for _d in (64, 128):
+    KERNELS[_d].update(gluon_ds=dict(deferred_store=True))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
-SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2")
+SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2", "deferred_store")
 
 # The launches of the "strip" variants carry this num_stages (a Gluon kernel has no software
 # pipeliner, so the value changes nothing else): it keys them apart in Triton's caches and tells

@@ -111,6 +111,8 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(EXP2_POLY=gf.EXP2_POLY.get(head_dim, 0))
     if "UNROLL2" in fn.arg_names:  # packages that can run two key blocks a loop trip
         consts.update(UNROLL2=head_dim in gf.UNROLL2)
+    if "DEFERRED_STORE" in fn.arg_names:  # packages that can wait for a tile's output copy in the next tile
+        consts.update(DEFERRED_STORE=head_dim in gf.DEFERRED_STORE)
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

@@ -252,6 +252,7 @@ lazy_rescale = choice(10, gf.LAZY_RESCALE)
 exp2_poly = (gf.EXP2_POLY.get(head_dim, 0) if len(sys.argv) <= 11 or sys.argv[11] == "shipped"
              else int(sys.argv[11]))  # of every 8 exponentials, how many on the FMA units
 unroll2 = choice(12, gf.UNROLL2)
+deferred_store = choice(13, gf.DEFERRED_STORE)
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -270,7 +271,7 @@ constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
                  CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
                  PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale,
-                 EXP2_POLY=exp2_poly, UNROLL2=unroll2)
+                 EXP2_POLY=exp2_poly, UNROLL2=unroll2, DEFERRED_STORE=deferred_store)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
@@ -458,3 +459,31 @@ def test_two_steps_a_trip_drop_the_moves_of_p_between_its_register_sets(tmp_path
     assert min(one_step) >= 32
     assert max(two_steps) <= min(one_step), (one_step, two_steps)  # two steps, no more moves than one had
 
+
+
+def _bulk_stores_and_waits(ptx: str) -> tuple:
+    """(output copies followed within 10 lines by a wait for them, waits for output copies)."""
+    lines = ptx.splitlines()
+    stores = [i for i, line in enumerate(lines) if re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared", line)]
+    waits = [i for i, line in enumerate(lines) if "cp.async.bulk.wait_group.read" in line]
+    return sum(any(0 < w - s <= 10 for w in waits) for s in stores), len(waits)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_a_deferred_output_copy_is_waited_for_inside_the_next_tile(head_dim, tmp_path):
+    # DEFERRED_STORE (off until timed): a dense tile's output leaves through the copy engine and
+    # the consumer goes on to its next tile, waiting for the copy (and handing the buffer back)
+    # after that tile's first key block, and once more after its last tile. head_dim 256 has one
+    # set of Q buffers (the next Q loads into the same one), so it keeps waiting at once.
+    gf = _gluon_fwd()
+    assert head_dim not in gf.DEFERRED_STORE
+    base = (head_dim, 1, 0, 2, "shipped", "shipped", "shipped", "ptx", "shipped", "shipped", "shipped")
+    now = run_compiling_child(_COMPILE_FOR_SM90, (*base, "0"), tmp_path / "now")
+    later = run_compiling_child(_COMPILE_FOR_SM90, (*base, "1"), tmp_path / "later")
+    assert now.returncode == 0 and later.returncode == 0, (now.stderr[-3000:], later.stderr[-3000:])
+    assert _bulk_stores_and_waits(now.stdout) == (2, 2)  # each consumer's copy, waited for at once
+    if gf.q_buffers(head_dim, *gf.TILES[head_dim]) == 2:
+        # no copy waited for at once; each consumer waits in its next tile and after its last
+        assert _bulk_stores_and_waits(later.stdout) == (0, 4)
+    else:
+        assert later.stdout == now.stdout

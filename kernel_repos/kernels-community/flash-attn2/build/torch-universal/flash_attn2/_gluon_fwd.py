@@ -168,6 +168,15 @@ EXP2_POLY: dict = {}
 # 2.4 -> 3.4 s offline for the head_dim 128 causal forward), which a cold first call pays. Not
 # timed yet, so no head dim takes it.
 UNROLL2: frozenset = frozenset()
+# head dims whose consumers leave a tile without waiting for its output's bulk copy: the wait, and
+# the hand-back of that Q/O buffer to the producer, come after the first key block of the next
+# tile. Why: a tile's output leaves through the copy engine from the buffer its Q used, and the
+# consumer waited for the copy to have read it before starting the next tile, every tile (at
+# 1k tokens a program walks ~16 tiles of a few key blocks each). Needs two sets of Q buffers
+# (q_buffers: not head_dim 256, whose next Q loads into the same buffer) and dense calls (packed
+# ones store without the copy engine). The same arithmetic, so the same bits. Not timed yet, so
+# no head dim takes it.
+DEFERRED_STORE: frozenset = frozenset()
 # the cubic 1 + C1 f + C2 f^2 + C3 f^3 ~ 2**f on [0, 1): minimax in relative error (Remez; the
 # coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon.py)
 EXP2_POLY_COEFFS = (0x3F31F32C, 0x3E691BC5, 0x3D9DD553)
@@ -540,13 +549,23 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
 
 
 @gluon.jit
+def _hand_back_after_copy(bar):
+    """Wait until the copy engine has read this warpgroup's pending output copy, then hand its
+    buffer back to the producer (one arrival)."""
+    tma.store_wait(pendings=0)
+    _thread_barrier()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc, o_ptr, stride_on,
               stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n, cu_seqlens_q,
               cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
               THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-              LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr, UNROLL2: gl.constexpr):
+              LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr, UNROLL2: gl.constexpr,
+              DEFERRED_STORE: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -557,6 +576,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     c = 0  # key blocks this program has consumed: the ring's position
+    # DEFERRED_STORE: the previous tile's output copy is waited for inside the next tile
+    DEFER: gl.constexpr = DEFERRED_STORE and QBUF == 2 and not VARLEN
+    prev_qi = 0  # the Q/O buffer whose output copy is in flight (DEFER)
     for i in range(my_n):
         off_m, b, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
                                                     CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
@@ -584,6 +606,9 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
                                  diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG,
                                  THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
+        if DEFER:
+            if i > 0:  # the previous tile's output has had a key block's time to leave
+                _hand_back_after_copy(q_empty.index(prev_qi))
         if UNROLL2:  # two steps a trip, then the odd one out (UNROLL2)
             for j2 in range(0, (n_full - 1) // 2):
                 acc, p, m_i, l_i = _step(1 + 2 * j2, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc,
@@ -647,9 +672,16 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
             q.store(out.to(dtype))
             fence_async_shared()
             _tma_store(o_desc, [b, row0, h, 0], q.reshape([1, ROWS, 1, HEAD_DIM]))
-            tma.store_wait(pendings=0)
-            _thread_barrier()
-        mbarrier.arrive(q_empty.index(qi))
+            if not DEFER:
+                tma.store_wait(pendings=0)
+                _thread_barrier()
+        if DEFER:
+            prev_qi = qi
+        else:
+            mbarrier.arrive(q_empty.index(qi))
+    if DEFER:
+        if my_n > 0:
+            _hand_back_after_copy(q_empty.index(prev_qi))
 
 
 # the persistent walk's tile counts stay runtime values: specialising them (a multiple of 16, or
@@ -662,7 +694,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
                     PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr,
                     TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr,
-                    UNROLL2: gl.constexpr):
+                    UNROLL2: gl.constexpr, DEFERRED_STORE: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -724,17 +756,17 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -745,12 +777,12 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -882,6 +914,7 @@ def gluon_attention_forward(
     lazy_rescale: Optional[bool] = None,
     exp2_poly: Optional[int] = None,
     unroll2: Optional[bool] = None,
+    deferred_store: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -892,7 +925,7 @@ def gluon_attention_forward(
     (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
     ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
     names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`
-    and ``unroll2`` :data:`UNROLL2`.
+    and ``unroll2`` / ``deferred_store`` :data:`UNROLL2` / :data:`DEFERRED_STORE`.
     Raises what Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
@@ -942,7 +975,8 @@ def gluon_attention_forward(
                   head_dim in TREE_MAX if tree_max is None else bool(tree_max),
                   head_dim in LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale),
                   EXP2_POLY.get(head_dim, 0) if exp2_poly is None else int(exp2_poly),
-                  head_dim in UNROLL2 if unroll2 is None else bool(unroll2))
+                  head_dim in UNROLL2 if unroll2 is None else bool(unroll2),
+                  head_dim in DEFERRED_STORE if deferred_store is None else bool(deferred_store))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
