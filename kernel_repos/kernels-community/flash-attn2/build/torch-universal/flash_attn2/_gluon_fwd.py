@@ -156,9 +156,11 @@ LAZY_RESCALE: frozenset = frozenset()
 # the exp2 unit (MUFU: 16 results a clock an SM, against 128 for FFMA), as FlashAttention-4 does:
 # 2**x = 2**floor(x) * 2**frac(x), the fraction's power by a cubic (relative error <= 8.6e-5,
 # below bf16's 2**-9 rounding of P), the integer part added to the exponent bits. Why: at
-# head_dim 64 both consumers' exponentials of a block take ~1,000 clocks of the exp2 unit, about
-# what the block's matmuls take on the tensor cores, and the softmax's other instructions leave
-# issue slots free (bench/NOTES.md). Not measured yet, so no head dim takes it.
+# head_dim 64 both consumers' exponentials of a block take ~1,060 clocks of a scheduler's exp2
+# unit, about what the block's matmuls take on the tensor cores; an emulated one costs ~7
+# instructions, and a step already issues ~926 a scheduler, so by count 1 of 8 gains ~1 % and 2
+# of 8 loses, more only where the two softmaxes contend (bench/NOTES.md). Not timed yet, so no
+# head dim takes it.
 EXP2_POLY: dict = {}
 # head dims whose unmasked key loop runs two key blocks a trip. Why: P_j is converted into
 # registers of its own while P_{j-1}'s are still read by the P·V wgmma (PIN_WAIT), and a loop of
@@ -178,7 +180,7 @@ UNROLL2: frozenset = frozenset()
 # no head dim takes it.
 DEFERRED_STORE: frozenset = frozenset()
 # the cubic 1 + C1 f + C2 f^2 + C3 f^3 ~ 2**f on [0, 1): minimax in relative error (Remez; the
-# coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon.py)
+# coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon_exp2.py)
 EXP2_POLY_COEFFS = (0x3F31F32C, 0x3E691BC5, 0x3D9DD553)
 
 
@@ -293,7 +295,6 @@ _EXP2_ASM_2 = gl.constexpr(exp2_mixed_asm(2))
 _EXP2_ASM_3 = gl.constexpr(exp2_mixed_asm(3))
 _EXP2_ASM_4 = gl.constexpr(exp2_mixed_asm(4))
 _EXP2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
-EXP2_POLY_CHOICES = (0, 1, 2, 3, 4)
 
 
 @gluon.jit
