@@ -430,6 +430,18 @@ def timing(gf, fwd) -> list:
     return rows
 
 
+def keep_kernels(names, head_dims) -> None:
+    """Keep only ``names`` in :data:`KERNELS` at ``head_dims``. Raises ValueError naming any name
+    that no kernel of those head dims has (a typo would otherwise drop a column from a GPU run)."""
+    known = {n for d in head_dims for n in KERNELS[d]}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"--kernels: no kernel named {', '.join(unknown)} at head dims "
+                         f"{', '.join(map(str, head_dims))}; known: {', '.join(sorted(known))}")
+    for d in head_dims:
+        KERNELS[d] = {n: kw for n, kw in KERNELS[d].items() if n in names}
+
+
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--kernels", help="comma-separated kernel names to keep (default: all of KERNELS)")
@@ -443,9 +455,10 @@ def main() -> None:
     if args.seqs:
         SEQS = tuple(int(s) for s in args.seqs.split(","))
     if args.kernels:
-        keep = set(args.kernels.split(","))
-        for d in HEAD_DIMS:
-            KERNELS[d] = {n: kw for n, kw in KERNELS[d].items() if n in keep}
+        try:
+            keep_kernels(args.kernels.split(","), HEAD_DIMS)
+        except ValueError as e:
+            parser.error(str(e))
     _install_strip_hook()
     pkg = harness.shipped_kernel()
     gf = importlib.import_module(pkg.__name__ + "._gluon_fwd")

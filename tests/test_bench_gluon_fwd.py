@@ -1,4 +1,5 @@
-"""bench/gluon_fwd.py's ``gluon_nobar`` variant: which warpgroup barriers its PTX edit removes.
+"""bench/gluon_fwd.py's ``gluon_nobar`` variant: which warpgroup barriers its PTX edit removes;
+and its ``--kernels`` selection, which refuses a name it does not know.
 
 The fragments are the Gluon forward's own sm90 PTX (Triton 3.6), cut down: a barrier before a
 ring wait and one before a one-thread slot release go; the epilogue's barriers (before the copy
@@ -60,3 +61,16 @@ def test_the_barriers_before_ring_waits_and_slot_releases_go():
 def test_the_epilogue_barriers_stay():
     assert gluon_fwd._strip_ring_barriers(EPILOGUE) == EPILOGUE
     assert gluon_fwd._strip_ring_barriers(EPILOGUE + WAIT).count("bar.sync") == 2
+
+
+
+def test_kernels_are_kept_by_name_and_an_unknown_name_is_refused(monkeypatch):
+    import pytest
+
+    monkeypatch.setattr(gluon_fwd, "KERNELS", {d: dict(kernels) for d, kernels in gluon_fwd.KERNELS.items()})
+    with pytest.raises(ValueError, match="gluon_poly9.*known: .*gluon_poly1"):
+        gluon_fwd.keep_kernels(["gluon", "gluon_poly9"], (64, 128))
+    # a name some selected head dim has is fine; each head dim keeps what it has of the list
+    gluon_fwd.keep_kernels(["gluon", "gluon_n64s8", "gluon_ds"], (64, 128))
+    assert set(gluon_fwd.KERNELS[64]) == {"gluon", "gluon_n64s8", "gluon_ds"}
+    assert set(gluon_fwd.KERNELS[128]) == {"gluon", "gluon_ds"}
