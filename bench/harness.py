@@ -60,17 +60,27 @@ API (everything else here is private):
 ``kernels(baseline=None) -> dict[str, ModuleType]``
     ``{"ours": shipped_kernel()}``, plus ``"baseline"``: the kernel repo folder ``baseline``
     (``--baseline``) imported with ``kernel_loader.get_local_kernel``, when given.
+``ncu_source_page(regex, child, report) -> (duration_ms, header, rows)``
+    Runs the command line ``child`` under Nsight Compute (``--clock-control none``, warp-state
+    sampling) and reads the second launch of the kernel whose name matches ``regex``: its
+    duration and its source page in SASS, one row per instruction (``NCU_SAMPLES`` names the
+    samples column). Raises RuntimeError when ncu fails.
+``ncu_stall_shares(header, rows) -> dict[str, float]``
+    Each stall reason's share of a source page's warp samples.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
 import importlib.metadata
+import io
 import json
 import os
 import platform
 import random
+import re
 import shlex
 import statistics
 import subprocess
@@ -359,3 +369,42 @@ def kernels(baseline: Optional[str] = None) -> dict[str, ModuleType]:
     if baseline:
         loaded["baseline"] = kernel_loader.get_local_kernel(baseline)
     return loaded
+
+
+# ------------------------------------------------------------------------------------------
+# Nsight Compute
+# ------------------------------------------------------------------------------------------
+
+
+def _ncu(*args: str) -> str:
+    done = subprocess.run(["ncu", *args], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"ncu {' '.join(args)} failed: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def ncu_source_page(regex: str, child: list, report: Path) -> tuple:
+    """Run ``child`` (a command line) under Nsight Compute and read one launch of the kernel whose
+    name matches ``regex``, the second one (the first compiles and warms): ``(duration in ms,
+    header, rows)`` of its source page, one row per SASS instruction. Raises RuntimeError when ncu
+    fails."""
+    _ncu("--clock-control", "none", "-k", f"regex:{regex}", "-s", "1", "-c", "1",
+         "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
+         "-f", "-o", str(report.with_suffix("")), *child)
+    details = _ncu("-i", str(report), "--page", "details")
+    duration = re.search(r"Duration\s+(\w+)\s+([\d.,]+)", details)
+    scale = {"ms": 1.0, "us": 1e-3, "usecond": 1e-3, "msecond": 1.0}.get(duration.group(1), float("nan"))
+    rows = list(csv.reader(io.StringIO(_ncu("-i", str(report), "--page", "source", "--csv", "--print-source", "sass"))))
+    return float(duration.group(2).replace(",", "")) * scale, rows[1], rows[2:]
+
+
+NCU_SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def ncu_stall_shares(header: list, data: list) -> dict:
+    """Each stall reason's share of all the kernel's warp samples (the source page's ``stall_``
+    columns, the 'Not Issued' duplicates left out)."""
+    samples = header.index(NCU_SAMPLES)
+    reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
+    total = sum(int(r[samples] or 0) for r in data) or 1
+    return {header[i][len("stall_"):]: sum(int(r[i] or 0) for r in data) / total for i in reasons}

@@ -11,11 +11,8 @@ them. Needs ``ncu`` on the PATH and an sm90 GPU. Writes ``bench/results/ncu_gluo
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,46 +36,12 @@ def _child(kernel_dir: str, head_dim: int, causal: bool) -> None:
     torch.cuda.synchronize()
 
 
-def _ncu(*args: str) -> str:
-    done = subprocess.run(["ncu", *args], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"ncu {' '.join(args)} failed: {done.stderr[-2000:]}")
-    return done.stdout
-
-
-def profile_source(regex: str, child: list, report: Path) -> tuple:
-    """Run ``child`` (a command line) under Nsight Compute and read one launch of the kernel whose
-    name matches ``regex``, the second one (the first compiles and warms): ``(duration in ms,
-    header, rows)`` of its source page, one row per SASS instruction. Raises RuntimeError when ncu
-    fails."""
-    _ncu("--clock-control", "none", "-k", f"regex:{regex}", "-s", "1", "-c", "1",
-         "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
-         "-f", "-o", str(report.with_suffix("")), *child)
-    details = _ncu("-i", str(report), "--page", "details")
-    duration = re.search(r"Duration\s+(\w+)\s+([\d.,]+)", details)
-    scale = {"ms": 1.0, "us": 1e-3, "usecond": 1e-3, "msecond": 1.0}.get(duration.group(1), float("nan"))
-    rows = list(csv.reader(io.StringIO(_ncu("-i", str(report), "--page", "source", "--csv", "--print-source", "sass"))))
-    return float(duration.group(2).replace(",", "")) * scale, rows[1], rows[2:]
-
-
-SAMPLES = "Warp Stall Sampling (All Samples)"
-
-
-def stall_shares(header: list, data: list) -> dict:
-    """Each stall reason's share of all the kernel's warp samples (the source page's ``stall_``
-    columns, the 'Not Issued' duplicates left out)."""
-    samples = header.index(SAMPLES)
-    reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
-    total = sum(int(r[samples] or 0) for r in data) or 1
-    return {header[i][len("stall_"):]: sum(int(r[i] or 0) for r in data) / total for i in reasons}
-
-
 def _profile(name: str, kernel_dir: str, head_dim: int, causal: bool, work: Path) -> dict:
     child = [sys.executable, __file__, "--child", kernel_dir or "", str(head_dim), str(int(causal))]
-    duration_ms, header, data = profile_source("_gluon_attn_bwd", child, work / f"{name}.ncu-rep")
-    src, samples, executed = (header.index(c) for c in ("Source", SAMPLES, "Instructions Executed"))
+    duration_ms, header, data = harness.ncu_source_page("_gluon_attn_bwd", child, work / f"{name}.ncu-rep")
+    src, samples, executed = (header.index(c) for c in ("Source", harness.NCU_SAMPLES, "Instructions Executed"))
     total = sum(int(r[samples] or 0) for r in data)
-    by_reason = stall_shares(header, data)
+    by_reason = harness.ncu_stall_shares(header, data)
     local = [r for r in data if re.search(r"\b(LDL|STL)\b", r[src])]
     row = dict(kernel=name, head_dim=head_dim, causal=causal, duration_ms=duration_ms,
                local_instructions_executed=sum(int(r[executed] or 0) for r in local),

@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 import harness
-from ncu_gluon_bwd import SAMPLES, profile_source, stall_shares
 
 TOKENS = 16384  # per batch, as in bench/attention.py
 HEADS = 16
@@ -60,7 +59,7 @@ def kind(sass: str) -> str:
 def summarise(header: list, data: list, top: int) -> dict:
     """The source page of one kernel summarised: stall reasons, each kind's share of the samples,
     and the ``top`` instructions by samples as ``(share, largest reason, SASS)``."""
-    src, samples = header.index("Source"), header.index(SAMPLES)
+    src, samples = header.index("Source"), header.index(harness.NCU_SAMPLES)
     reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
     total = sum(int(r[samples] or 0) for r in data) or 1
     kinds: dict = {}
@@ -72,7 +71,7 @@ def summarise(header: list, data: list, top: int) -> dict:
         reason = max(reasons, key=lambda i: int(r[i] or 0)) if reasons else None
         hot.append((round(int(r[samples] or 0) / total, 4), header[reason][len("stall_"):] if reason else "",
                     re.sub(r"\s+", " ", r[src]).strip()))
-    return dict(stalls=stall_shares(header, data), kinds=dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+    return dict(stalls=harness.ncu_stall_shares(header, data), kinds=dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
                 hot=hot)
 
 
@@ -111,7 +110,7 @@ def main() -> None:
     rows = []
     for provider, regex in KERNELS.items():
         child = [sys.executable, __file__, "--child", provider, str(args.head_dim), str(args.seq), str(int(args.causal))]
-        duration_ms, header, data = profile_source(regex, child, work / f"{provider}.ncu-rep")
+        duration_ms, header, data = harness.ncu_source_page(regex, child, work / f"{provider}.ncu-rep")
         summary = summarise(header, data, args.top)
         row = dict(provider=provider, head_dim=args.head_dim, seq=args.seq, causal=args.causal,
                    duration_us=round(duration_ms * 1e3, 1),
