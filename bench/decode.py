@@ -65,6 +65,11 @@ def main() -> None:
             runs[f"{name}_contiguous"] = lambda fa=fa: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
             runs[f"{name}_paged"] = lambda fa=fa: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens,
                                                                            block_table=table)
+        # the contiguous cache itself read as pages in order (its [B * pages, PAGE, HK, D] view, the
+        # table 0, 1, 2, ...): the paged path's own cost, apart from where the random pages lie
+        in_order = torch.arange(table.numel(), device="cuda", dtype=torch.int32).view_as(table)
+        runs["ours_paged_in_order"] = lambda: kernels["ours"].flash_attn_with_kvcache(
+            q, k.view(kp.shape), v.view(vp.shape), cache_seqlens=lens, block_table=in_order)
         for splits in SPLITS_TRIED:  # the split count forced, beside the shipped choice
             runs[f"ours_paged_split{splits}"] = lambda s=splits: kernels["ours"].flash_attn_with_kvcache(
                 q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)
@@ -82,7 +87,8 @@ def main() -> None:
         want = runs["ours_contiguous"]().float()
         same = bool(torch.allclose(runs["ours_paged"]().float(), want, atol=2e-2))
         same_lookup = all(bool(torch.allclose(runs[n]().float(), want, atol=2e-2))
-                          for n in ("ours_paged_lookup", *(f"ours_paged_lookup_split{s}" for s in SPLITS_TRIED)))
+                          for n in ("ours_paged_lookup", "ours_paged_in_order",
+                                    *(f"ours_paged_lookup_split{s}" for s in SPLITS_TRIED)))
         row = dict(context=ctx, paged_equals_contiguous=same, paged_lookup_equals_contiguous=same_lookup,
                    sdpa_expanded_kv=[n for n in ("sdpa_cudnn", "sdpa_flash") if runs[n].expanded_kv])
         medians, errors, _ = harness.interleaved_us(runs)
@@ -94,6 +100,7 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     columns = dict(context="context", ours_paged="ours paged", ours_paged_lookup="ours paged, lookups",
+                   ours_paged_in_order="ours paged, pages in order",
                    ours_contiguous="ours contiguous",
                    sdpa_cudnn="cuDNN", sdpa_flash="FA2", ours_paged_vs_cudnn="paged/cuDNN",
                    ours_contiguous_vs_cudnn="contiguous/cuDNN")
@@ -107,7 +114,9 @@ def main() -> None:
         notes=[f"One query token per row; paged: {PAGE}-key pages in random order ('ours paged' and 'paged N "
                "split(s)': the shipped choice, _triton_decode.page_lookup: a split's table entries preloaded "
                "when they fit in registers, else one entry a block of keys; 'lookup(s)': PAGE_BLOCKS off, "
-               "every key looking its page up past the preload limit); the median over "
+               "every key looking its page up past the preload limit; 'pages in order': the contiguous cache "
+               "read through a block table 0, 1, 2, ..., so its pages lie in memory order); SDPA has no paged "
+               "form: its columns read the contiguous cache. The median over "
                f"{harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench medians, "
                "after the GPU was kept busy for 2 s."])
     print(path.read_text())

@@ -22,7 +22,7 @@ import importlib
 
 import harness
 from attention import sdpa
-from decode import BATCH, CONTEXTS, D, HK, HQ, PAGE, inputs, with_preload_max
+from decode import BATCH, CONTEXTS, D, HK, HQ, PAGE, inputs, with_setting
 
 # (BLOCK_N, num_warps, num_stages); the first is the shipped tile (_triton_decode._config_for)
 TILES = ((64, 4, 4), (64, 4, 3), (64, 4, 2), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 8, 2), (64, 8, 4))
@@ -68,8 +68,8 @@ def main() -> None:
                                                          num_splits=s),
             "contiguous": lambda s: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=s),
             # up to PRELOAD_BIG block-table entries in registers instead of the shipped PRELOAD_MAX
-            f"paged, preload <= {PRELOAD_BIG}": lambda s: with_preload_max(
-                decode, PRELOAD_BIG,
+            f"paged, preload <= {PRELOAD_BIG}": lambda s: with_setting(
+                decode, "PRELOAD_MAX", PRELOAD_BIG,
                 lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)),
         }
         want = layouts["contiguous"](0).float()

@@ -1,0 +1,32 @@
+"""Every benchmark script in bench/ imports on a machine without a GPU: its GPU work starts in
+``main()``, and what it takes from another script (``harness``, a shared workload) still exists
+under the name it uses (a rename in one script once broke another's import, unnoticed until a
+GPU run)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py"))
+
+
+@pytest.fixture(autouse=True)
+def _bench_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # bench/ is not a package
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_script_imports_and_has_an_entry_point(name):
+    module = importlib.import_module(name)
+    assert module.__doc__, f"bench/{name}.py says what it measures in its docstring"
+    if name != "harness":
+        assert callable(getattr(module, "main", None)), f"bench/{name}.py has a main()"
+
+
+def test_the_list_is_not_empty():
+    assert {"harness", "attention", "decode", "decode_tiles", "gluon_fwd", "compile_report"} <= set(SCRIPTS)
