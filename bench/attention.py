@@ -21,29 +21,6 @@ TOKENS = 16384
 FLEX_ROWS = {(128, 4096)}  # FlexAttention compiles per shape and mask: timed on the (d, seq) rows here
 
 
-def sdpa(backend, q, k, v, causal: bool):
-    """SDPA forced onto ``backend``; GQA through ``enable_gqa`` where the backend takes it, else
-    through K/V expanded to the query heads (what transformers' sdpa path does)."""
-    import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
-
-    gqa = q.shape[1] != k.shape[1]
-
-    def run(k=k, v=v, gqa=gqa):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-    try:
-        run()
-        run.expanded_kv = False
-        return run
-    except RuntimeError:
-        group = q.shape[1] // k.shape[1]
-        ke, ve = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        expanded = lambda: run(ke, ve, False)  # noqa: E731
-        expanded.expanded_kv = True
-        return expanded
-
-
 def contenders(kernels: dict, d: int, hq: int, hk: int, seq: int, causal: bool, flex: bool) -> dict:
     import torch
     from torch.nn.attention import SDPBackend
@@ -57,7 +34,7 @@ def contenders(kernels: dict, d: int, hq: int, hk: int, seq: int, causal: bool, 
     for name, fa in kernels.items():
         out[name] = (lambda fa=fa: fa.flash_attn_func(q, k, v, causal=causal))
     for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
-        out[name] = sdpa(backend, qt, kt, vt, causal)
+        out[name] = harness.sdpa(backend, qt, kt, vt, causal)
     if flex and (d, seq) in FLEX_ROWS:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

@@ -11,40 +11,10 @@ from __future__ import annotations
 import importlib
 
 import harness
-from attention import sdpa
 
-BATCH, HQ, HK, D, PAGE = 32, 32, 8, 128, 256
-CONTEXTS = (4096, 32768)
+BATCH, HQ, HK, D, PAGE = harness.DECODE_SHAPE
+CONTEXTS = harness.DECODE_CONTEXTS
 SPLITS_TRIED = (1, 2)
-
-
-def with_setting(decode, name, value, call):
-    """``call()`` with the decode kernel module ``decode``'s global ``name`` set to ``value``
-    (``PAGE_BLOCKS``, ``PRELOAD_MAX``: read per call)."""
-    saved = getattr(decode, name)
-    setattr(decode, name, value)
-    try:
-        return call()
-    finally:
-        setattr(decode, name, saved)
-
-
-def inputs(ctx: int) -> tuple:
-    """One decode step's tensors at ``ctx`` keys: q, the dense k / v cache, the lengths, and the
-    same keys scattered over pages in random order with their block table (kp, vp, table)."""
-    import torch
-
-    q = torch.randn(BATCH, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(BATCH, ctx, HK, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    lens = torch.full((BATCH,), ctx, dtype=torch.int32, device="cuda")
-    pages = ctx // PAGE
-    perm = torch.randperm(BATCH * pages, device="cuda")
-    kp = torch.empty(BATCH * pages, PAGE, HK, D, device="cuda", dtype=torch.bfloat16)
-    vp = torch.empty_like(kp)
-    kp[perm] = k.view(BATCH * pages, PAGE, HK, D)
-    vp[perm] = v.view(BATCH * pages, PAGE, HK, D)
-    return q, k, v, lens, kp, vp, perm.view(BATCH, pages).to(torch.int32)
 
 
 def main() -> None:
@@ -59,7 +29,7 @@ def main() -> None:
     rows = []
     for ctx in CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
-        q, k, v, lens, kp, vp, table = inputs(ctx)
+        q, k, v, lens, kp, vp, table = harness.decode_inputs(ctx)
         runs = {}
         for name, fa in kernels.items():
             runs[f"{name}_contiguous"] = lambda fa=fa: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
@@ -75,15 +45,15 @@ def main() -> None:
                 q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)
             runs[f"ours_contiguous_split{splits}"] = lambda s=splits: kernels["ours"].flash_attn_with_kvcache(
                 q, k, v, cache_seqlens=lens, num_splits=s)
-            runs[f"ours_paged_lookup_split{splits}"] = lambda s=splits: with_setting(
+            runs[f"ours_paged_lookup_split{splits}"] = lambda s=splits: harness.with_setting(
                 decode, "PAGE_BLOCKS", False, lambda: kernels["ours"].flash_attn_with_kvcache(
                     q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s))
         # the rule before PAGE_BLOCKS: table entries preloaded or looked up per key, whole rows dense only
-        runs["ours_paged_lookup"] = lambda: with_setting(decode, "PAGE_BLOCKS", False, lambda: kernels["ours"].flash_attn_with_kvcache(
+        runs["ours_paged_lookup"] = lambda: harness.with_setting(decode, "PAGE_BLOCKS", False, lambda: kernels["ours"].flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=lens, block_table=table))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        runs["sdpa_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
-        runs["sdpa_flash"] = sdpa(SDPBackend.FLASH_ATTENTION, qt, kt, vt, False)
+        runs["sdpa_cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
+        runs["sdpa_flash"] = harness.sdpa(SDPBackend.FLASH_ATTENTION, qt, kt, vt, False)
         want = runs["ours_contiguous"]().float()
         same = bool(torch.allclose(runs["ours_paged"]().float(), want, atol=2e-2))
         same_lookup = all(bool(torch.allclose(runs[n]().float(), want, atol=2e-2))

@@ -21,8 +21,9 @@ from __future__ import annotations
 import importlib
 
 import harness
-from attention import sdpa
-from decode import BATCH, CONTEXTS, D, HK, HQ, PAGE, inputs, with_setting
+
+BATCH, HQ, HK, D, PAGE = harness.DECODE_SHAPE
+CONTEXTS = harness.DECODE_CONTEXTS
 
 # (BLOCK_N, num_warps, num_stages); the first is the shipped tile (_triton_decode._config_for)
 TILES = ((64, 4, 4), (64, 4, 3), (64, 4, 2), (32, 4, 4), (32, 4, 6), (128, 4, 2), (128, 8, 2), (64, 8, 4))
@@ -62,13 +63,13 @@ def main() -> None:
     rows = []
     for ctx in contexts:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
-        q, k, v, lens, kp, vp, table = inputs(ctx)
+        q, k, v, lens, kp, vp, table = harness.decode_inputs(ctx)
         layouts = {
             "paged": lambda s: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table,
                                                          num_splits=s),
             "contiguous": lambda s: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=s),
             # up to PRELOAD_BIG block-table entries in registers instead of the shipped PRELOAD_MAX
-            f"paged, preload <= {PRELOAD_BIG}": lambda s: with_setting(
+            f"paged, preload <= {PRELOAD_BIG}": lambda s: harness.with_setting(
                 decode, "PRELOAD_MAX", PRELOAD_BIG,
                 lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s)),
         }
@@ -88,7 +89,7 @@ def main() -> None:
                         wrong.append(f"{layout} {tile} x{splits}: max error {(got - want).abs().max().item():.3g}")
                         continue
                     runs[(layout, tile, splits)] = run
-        runs[("cudnn", "-", 0)] = sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2),
+        runs[("cudnn", "-", 0)] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2),
                                        v.transpose(1, 2), False)
         medians, errors, _ = harness.interleaved_us(runs)
         cudnn = kv_bytes / medians[("cudnn", "-", 0)] / 1e6

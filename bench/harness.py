@@ -60,6 +60,16 @@ API (everything else here is private):
 ``kernels(baseline=None) -> dict[str, ModuleType]``
     ``{"ours": shipped_kernel()}``, plus ``"baseline"``: the kernel repo folder ``baseline``
     (``--baseline``) imported with ``kernel_loader.get_local_kernel``, when given.
+``sdpa(backend, q, k, v, causal) -> Callable``
+    PyTorch SDPA held to ``backend`` on ``[B, H, S, D]`` tensors, the competitor beside us; GQA
+    through ``enable_gqa`` where the backend takes it, else K/V expanded to the query heads
+    (the callable's ``expanded_kv`` says which).
+``DECODE_SHAPE``, ``DECODE_CONTEXTS``, ``decode_inputs(ctx) -> (q, k, v, lens, kp, vp, table)``
+    The decode benchmarks' step: shape (batch, query heads, KV heads, head_dim, keys a page),
+    contexts, and one step's tensors (a dense cache and the same keys over pages in random order).
+``with_setting(module, name, value, call)``
+    ``call()`` with ``module.name`` set to ``value`` for its duration (a kernel module's setting
+    read per call).
 ``ncu_source_page(regex, child, report) -> (duration_ms, header, rows)``
     Runs the command line ``child`` under Nsight Compute (``--clock-control none``, warp-state
     sampling) and reads the second launch of the kernel whose name matches ``regex``: its
@@ -369,6 +379,70 @@ def kernels(baseline: Optional[str] = None) -> dict[str, ModuleType]:
     if baseline:
         loaded["baseline"] = kernel_loader.get_local_kernel(baseline)
     return loaded
+
+
+# ------------------------------------------------------------------------------------------
+# shared workloads and the competitor
+# ------------------------------------------------------------------------------------------
+
+
+def sdpa(backend, q, k, v, causal: bool):
+    """SDPA forced onto ``backend``; GQA through ``enable_gqa`` where the backend takes it, else
+    through K/V expanded to the query heads (what transformers' sdpa path does)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    gqa = q.shape[1] != k.shape[1]
+
+    def run(k=k, v=v, gqa=gqa):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    try:
+        run()
+        run.expanded_kv = False
+        return run
+    except RuntimeError:
+        group = q.shape[1] // k.shape[1]
+        ke, ve = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        expanded = lambda: run(ke, ve, False)  # noqa: E731
+        expanded.expanded_kv = True
+        return expanded
+
+
+# the decode benchmarks' step: batch, query heads, KV heads, head_dim, keys a page
+DECODE_SHAPE = (32, 32, 8, 128, 256)
+DECODE_CONTEXTS = (4096, 32768)
+
+
+def decode_inputs(ctx: int) -> tuple:
+    """One decode step's tensors at ``ctx`` keys: q, the dense k / v cache, the lengths, and the
+    same keys scattered over pages in random order with their block table (kp, vp, table)."""
+    import torch
+
+    batch, hq, hk, d, page = DECODE_SHAPE
+
+    q = torch.randn(batch, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, ctx, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    pages = ctx // page
+    perm = torch.randperm(batch * pages, device="cuda")
+    kp = torch.empty(batch * pages, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    vp = torch.empty_like(kp)
+    kp[perm] = k.view(batch * pages, page, hk, d)
+    vp[perm] = v.view(batch * pages, page, hk, d)
+    return q, k, v, lens, kp, vp, perm.view(batch, pages).to(torch.int32)
+
+
+def with_setting(decode, name, value, call):
+    """``call()`` with the decode kernel module ``decode``'s global ``name`` set to ``value``
+    (``PAGE_BLOCKS``, ``PRELOAD_MAX``: read per call)."""
+    saved = getattr(decode, name)
+    setattr(decode, name, value)
+    try:
+        return call()
+    finally:
+        setattr(decode, name, saved)
 
 
 # ------------------------------------------------------------------------------------------

@@ -81,8 +81,6 @@ def _call(case: dict, provider: str):
     """The zero-argument call to profile, on fresh inputs."""
     import torch
     from torch.nn.attention import SDPBackend
-    from attention import sdpa
-    from decode import inputs as decode_inputs
 
     fa = harness.shipped_kernel()
     bf = dict(device="cuda", dtype=torch.bfloat16)
@@ -96,14 +94,14 @@ def _call(case: dict, provider: str):
         if provider == "ours_gluon":
             gluon = importlib.import_module(fa.__name__ + "._gluon_fwd")
             return lambda: gluon.gluon_attention_forward(q, k, v, softmax_scale=d ** -0.5, causal=case["causal"])
-        return sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        return harness.sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                     case["causal"])
-    q, k, v, lens, kp, vp, table = decode_inputs(case["ctx"])
+    q, k, v, lens, kp, vp, table = harness.decode_inputs(case["ctx"])
     if provider == "ours_contiguous":
         return lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
     if provider == "ours":  # paged: the same keys scattered over pages in random order
         return lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table)
-    return sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False)
+    return harness.sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False)
 
 
 def _child(case_name: str, provider: str) -> None:
@@ -192,8 +190,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2], sys.argv[3])
         return
-    # bench/decode.py's shape, imported here: the raw-page reading above needs neither it nor SDPA
-    from decode import BATCH, D, HK, HQ, PAGE
+    BATCH, HQ, HK, D, PAGE = harness.DECODE_SHAPE  # bench/decode.py's step
 
     parser = harness.arguments(__doc__)
     parser.add_argument("--raw", type=Path, default=None, help="keep each report's raw CSV page here")

@@ -80,15 +80,13 @@ def _child(provider: str, head_dim: int, seq: int, causal: bool) -> None:
     import torch
     from torch.nn.attention import SDPBackend
 
-    from attention import sdpa
-
     bf = dict(device="cuda", dtype=torch.bfloat16)
     q, k, v = (torch.randn(TOKENS // seq, seq, HEADS, head_dim, **bf) for _ in range(3))
     if provider == "ours":
         fa = harness.shipped_kernel()
         call = lambda: fa.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
     else:
-        call = sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+        call = harness.sdpa(SDPBackend.CUDNN_ATTENTION, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
     for _ in range(2):
         call()
     torch.cuda.synchronize()

@@ -28,5 +28,16 @@ def test_the_script_imports_and_has_an_entry_point(name):
         assert callable(getattr(module, "main", None)), f"bench/{name}.py has a main()"
 
 
+def test_scripts_share_code_only_through_the_harness():
+    # harness.py is the one shared module (its docstring's rule); a script's own child process
+    # may import the script itself (compile_report.py's probe does)
+    import re
+
+    for name in SCRIPTS:
+        text = (BENCH / f"{name}.py").read_text()
+        others = set(re.findall(r"^\s*(?:from|import) (\w+)", text, re.M)) & set(SCRIPTS)
+        assert others <= {"harness", name}, (name, others)
+
+
 def test_the_list_is_not_empty():
     assert {"harness", "attention", "decode", "decode_tiles", "gluon_fwd", "compile_report"} <= set(SCRIPTS)
