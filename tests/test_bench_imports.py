@@ -5,8 +5,7 @@ GPU run)."""
 
 from __future__ import annotations
 
-import importlib
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,11 @@ def _bench_on_path(monkeypatch):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_the_script_imports_and_has_an_entry_point(name):
-    module = importlib.import_module(name)
+    # loaded from its file under a name of its own: a plain ``import attention`` could find another
+    # module of that name first (tests/attention/ is a folder of tests)
+    spec = importlib.util.spec_from_file_location(f"_bench_script_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     assert module.__doc__, f"bench/{name}.py says what it measures in its docstring"
     if name != "harness":
         assert callable(getattr(module, "main", None)), f"bench/{name}.py has a main()"
