@@ -97,22 +97,13 @@ def compile_gluon(gf, head_dim: int, causal: bool) -> list:
         consts.update(QBUF=gf.q_buffers(head_dim, block_n, stages), PERSISTENT=True)
     if "CONSUMERS" in fn.arg_names:  # packages whose forward takes 2 or 3 consumer warpgroups
         consts.update(CONSUMERS=2)
-    if "KV_TOGETHER" in fn.arg_names:  # packages whose forward can hand K and V back together
-        consts.update(KV_TOGETHER=head_dim in gf.KV_TOGETHER)
-    if "PINGPONG" in fn.arg_names:  # packages whose consumers can take turns issuing their matmuls
-        consts.update(PINGPONG=head_dim in gf.PINGPONG)
-    if "THREAD_ARRIVE" in fn.arg_names:  # packages whose consumers can release slots by thread arrivals
-        consts.update(THREAD_ARRIVE=head_dim in gf.THREAD_ARRIVE)
-    if "PIN_WAIT" in fn.arg_names:  # packages whose consumers can keep the P·V wait after the softmax
-        consts.update(PIN_WAIT=head_dim in gf.PIN_WAIT, TREE_MAX=head_dim in gf.TREE_MAX)
-    if "LAZY_RESCALE" in fn.arg_names:  # packages that can skip the rescale of O (head_dim 64)
-        consts.update(LAZY_RESCALE=head_dim in gf.LAZY_RESCALE)
-    if "EXP2_POLY" in fn.arg_names:  # packages that can compute some exponentials on the FMA units
-        consts.update(EXP2_POLY=gf.EXP2_POLY.get(head_dim, 0))
-    if "UNROLL2" in fn.arg_names:  # packages that can run two key blocks a loop trip
-        consts.update(UNROLL2=head_dim in gf.UNROLL2)
-    if "DEFERRED_STORE" in fn.arg_names:  # packages that can wait for a tile's output copy in the next tile
-        consts.update(DEFERRED_STORE=head_dim in gf.DEFERRED_STORE)
+    # the kernel's per-head-dim choices (a set of head dims each; EXP2_POLY maps a head dim to a
+    # count), as the package sets them; packages older than a choice's constexpr lack it
+    for name in ("KV_TOGETHER", "PINGPONG", "THREAD_ARRIVE", "PIN_WAIT", "TREE_MAX", "LAZY_RESCALE", "EXP2_POLY",
+                 "UNROLL2", "DEFERRED_STORE"):
+        if name in fn.arg_names:
+            chosen = getattr(gf, name)
+            consts[name] = chosen.get(head_dim, 0) if isinstance(chosen, dict) else head_dim in chosen
     sig, cx = {}, {}
     for n in fn.arg_names:
         if n in consts:

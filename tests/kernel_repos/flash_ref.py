@@ -190,3 +190,67 @@ def sass_loops(sass: str) -> list:
             loops.append([t for a, t in ins if int(m.group(1), 16) <= a <= at])
     return loops
 
+
+# A child script for run_compiling_child: the Gluon forward compiled for sm90 with the installed
+# Triton. argv[2:]: head_dim, causal, varlen, consumers (0/1 flags), then the per-head-dim choices
+# thread_arrive, pin_wait, tree_max ("1", "0" or "shipped"), "sass" for the machine code instead
+# of the PTX, lazy_rescale, exp2_poly (a count or "shipped"), unroll2, deferred_store.
+GLUON_FWD_SM90_CHILD = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+import _fa2_sm90._gluon_fwd as gf
+
+head_dim, causal, varlen, consumers = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5])
+together = head_dim in gf.KV_TOGETHER  # the shipped choices, unless the case asks for thread arrivals
+pingpong = head_dim in gf.PINGPONG and consumers == 2
+
+
+def choice(i, shipped):  # argument i: "1", "0" or "shipped" (also when absent)
+    arg = sys.argv[i] if len(sys.argv) > i else "shipped"
+    return head_dim in shipped if arg == "shipped" else arg == "1"
+
+
+thread_arrive, pin_wait, tree_max = choice(6, gf.THREAD_ARRIVE), choice(7, gf.PIN_WAIT), choice(8, gf.TREE_MAX)
+want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"  # the machine code instead of the PTX
+lazy_rescale = choice(10, gf.LAZY_RESCALE)
+exp2_poly = (gf.EXP2_POLY.get(head_dim, 0) if len(sys.argv) <= 11 or sys.argv[11] == "shipped"
+             else int(sys.argv[11]))  # of every 8 exponentials, how many on the FMA units
+unroll2 = choice(12, gf.UNROLL2)
+deferred_store = choice(13, gf.DEFERRED_STORE)
+
+block_n, stages = gf.TILES[head_dim]
+regs = gf.REGS if consumers == 2 else gf.REGS_3
+
+
+def desc(rows):
+    block = [1, rows, 1, head_dim]
+    return f"tensordesc<bf16{block},{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
+
+
+fn = gf._gluon_attn_fwd
+names = list(fn.arg_names)
+types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(gf.ROWS),
+             o_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
+constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages, consumers),
+                 CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
+                 CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
+                 PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale,
+                 EXP2_POLY=exp2_poly, UNROLL2=unroll2, DEFERRED_STORE=deferred_store)
+if not varlen:  # what only packed calls use is compile-time None in a dense call
+    constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
+signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=regs[2]))
+sys.stderr.write("shared %d " % compiled.metadata.shared)
+if want_sass:
+    import os, subprocess, tempfile
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sys.stdout.write(subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout)
+else:
+    sys.stdout.write(compiled.asm["ptx"])
+"""

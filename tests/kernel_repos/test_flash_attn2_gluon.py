@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from flash_ref import load_flash_attn2, reference, rel_err, run_compiling_child, sass_loops
+from flash_ref import GLUON_FWD_SM90_CHILD, load_flash_attn2, reference, rel_err, run_compiling_child, sass_loops
 
 fa = load_flash_attn2()
 dispatch = importlib.import_module(fa.__name__ + "._gluon_dispatch")
@@ -137,7 +137,6 @@ def test_layout_checks_refuse_what_the_copy_engine_cannot_read():
     assert gf.supports(packed, kv[:, 0], kv[:, 1])
 
 
-
 def test_the_layout_answer_is_remembered_per_layout_but_the_base_address_is_checked_each_call():
     gf = _gluon_fwd()
     t = torch.randn(3, 301, 4, 128, dtype=torch.bfloat16)
@@ -227,67 +226,7 @@ def test_interpreter_path_never_reaches_gluon(monkeypatch):
     assert rel_err(out, ref_out) < 3e-3
 
 
-
 # Compiles in a child process (flash_ref.run_compiling_child)
-_COMPILE_FOR_SM90 = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
-import _fa2_sm90._gluon_fwd as gf
-
-head_dim, causal, varlen, consumers = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5])
-together = head_dim in gf.KV_TOGETHER  # the shipped choices, unless the case asks for thread arrivals
-pingpong = head_dim in gf.PINGPONG and consumers == 2
-
-
-def choice(i, shipped):  # argument i: "1", "0" or "shipped" (also when absent)
-    arg = sys.argv[i] if len(sys.argv) > i else "shipped"
-    return head_dim in shipped if arg == "shipped" else arg == "1"
-
-
-thread_arrive, pin_wait, tree_max = choice(6, gf.THREAD_ARRIVE), choice(7, gf.PIN_WAIT), choice(8, gf.TREE_MAX)
-want_sass = len(sys.argv) > 9 and sys.argv[9] == "sass"  # the machine code instead of the PTX
-lazy_rescale = choice(10, gf.LAZY_RESCALE)
-exp2_poly = (gf.EXP2_POLY.get(head_dim, 0) if len(sys.argv) <= 11 or sys.argv[11] == "shipped"
-             else int(sys.argv[11]))  # of every 8 exponentials, how many on the FMA units
-unroll2 = choice(12, gf.UNROLL2)
-deferred_store = choice(13, gf.DEFERRED_STORE)
-
-block_n, stages = gf.TILES[head_dim]
-regs = gf.REGS if consumers == 2 else gf.REGS_3
-
-
-def desc(rows):
-    block = [1, rows, 1, head_dim]
-    return f"tensordesc<bf16{block},{gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)!r}>"
-
-
-fn = gf._gluon_attn_fwd
-names = list(fn.arg_names)
-types = dict(q_desc=desc(gf.ROWS), k_desc=desc(block_n), v_desc=desc(block_n), o_desc=desc(gf.ROWS),
-             o_ptr="*bf16", lse_ptr="*fp32", qk_scale="fp32", cu_seqlens_q="*i32", cu_seqlens_k="*i32")
-constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers(head_dim, block_n, stages, consumers),
-                 CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
-                 CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
-                 PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale,
-                 EXP2_POLY=exp2_poly, UNROLL2=unroll2, DEFERRED_STORE=deferred_store)
-if not varlen:  # what only packed calls use is compile-time None in a dense call
-    constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
-signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
-source = GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()})
-compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=regs[2]))
-sys.stderr.write("shared %d " % compiled.metadata.shared)
-if want_sass:
-    import os, subprocess, tempfile
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        sys.stdout.write(subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout)
-else:
-    sys.stdout.write(compiled.asm["ptx"])
-"""
 
 
 @pytest.mark.parametrize("head_dim, causal, varlen, consumers",
@@ -295,7 +234,7 @@ else:
                           (64, False, True, 3)])
 def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, varlen, consumers, tmp_path):
     _gluon_fwd()
-    done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), int(varlen), consumers, "shipped"), tmp_path)
+    done = run_compiling_child(GLUON_FWD_SM90_CHILD, (head_dim, int(causal), int(varlen), consumers, "shipped"), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     ptx = done.stdout
     # Q·K^T and P·V on the tensor cores' warpgroup path, every tile through the copy engine
@@ -337,8 +276,8 @@ def _bar_syncs_per_key_block(ptx: str) -> list:
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_thread_arrivals_drop_the_warpgroup_barriers_before_slot_releases(head_dim, tmp_path):
     _gluon_fwd()
-    one = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, 0, 0, 2, "0"), tmp_path)
-    every = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, 0, 0, 2, "1"), tmp_path)
+    one = run_compiling_child(GLUON_FWD_SM90_CHILD, (head_dim, 0, 0, 2, "0"), tmp_path)
+    every = run_compiling_child(GLUON_FWD_SM90_CHILD, (head_dim, 0, 0, 2, "1"), tmp_path)
     assert one.returncode == 0 and every.returncode == 0, (one.stderr[-3000:], every.stderr[-3000:])
     # one elected thread arrives after a bar.sync; with thread arrivals every thread arrives
     # on its own, and the barriers count 128 arrivals a consumer
@@ -404,7 +343,7 @@ def test_pinned_wait_keeps_the_softmax_under_the_pv_product(head_dim, causal, tm
     # previous block's P·V, so the softmax runs while that product is on the tensor cores
     # (without it, ptxas moved the wait above nearly all of them: bench/NOTES.md)
     _gluon_fwd()
-    done = run_compiling_child(_COMPILE_FOR_SM90, (head_dim, int(causal), 0, 2, "shipped", "1", "0", "sass"), tmp_path)
+    done = run_compiling_child(GLUON_FWD_SM90_CHILD, (head_dim, int(causal), 0, 2, "shipped", "1", "0", "sass"), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = _exponentials_around_pv_waits(done.stdout)
     with_softmax = [s for s in steps if sum(s)]
@@ -413,14 +352,13 @@ def test_pinned_wait_keeps_the_softmax_under_the_pv_product(head_dim, causal, tm
     assert all(before >= 64 and after == 0 for before, after in with_softmax), steps
 
 
-
 def test_lazy_rescale_skips_the_multiplies_of_o_in_warps_whose_rows_kept_their_max(tmp_path):
     # LAZY_RESCALE (head_dim 64, off: measured 0.96-1.00x, bench/NOTES.md): after each P·V wait a
     # warp votes on its rows' rescale factors and branches around the 32 multiplies of its part
     # of O when every factor is exactly 1
     gf = _gluon_fwd()
     assert 64 not in gf.LAZY_RESCALE
-    done = run_compiling_child(_COMPILE_FOR_SM90, (64, 0, 0, 2, "shipped", "shipped", "0", "sass", "1"), tmp_path)
+    done = run_compiling_child(GLUON_FWD_SM90_CHILD, (64, 0, 0, 2, "shipped", "shipped", "0", "sass", "1"), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     votes = [i for i, line in enumerate(lines) if "VOTE.ANY P" in line]
@@ -449,8 +387,8 @@ def test_two_steps_a_trip_drop_the_moves_of_p_between_its_register_sets(tmp_path
     gf = _gluon_fwd()
     assert 64 not in gf.UNROLL2
     base = (64, 0, 0, 2, "shipped", "shipped", "shipped", "sass", "shipped", "shipped")
-    one = run_compiling_child(_COMPILE_FOR_SM90, (*base, "0"), tmp_path / "one")
-    two = run_compiling_child(_COMPILE_FOR_SM90, (*base, "1"), tmp_path / "two")
+    one = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "0"), tmp_path / "one")
+    two = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "1"), tmp_path / "two")
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-3000:], two.stderr[-3000:])
     # the unmasked loop: 4 + 8 wgmma a step (S = Q K^T in 4 k-steps of 16, P V in 8), 66 exponentials
     one_step = [moves for wgmma, exps, moves in _key_loop_moves(one.stdout) if (wgmma, exps) == (12, 66)]
@@ -458,7 +396,6 @@ def test_two_steps_a_trip_drop_the_moves_of_p_between_its_register_sets(tmp_path
     assert one_step and two_steps, (_key_loop_moves(one.stdout), _key_loop_moves(two.stdout))
     assert min(one_step) >= 32
     assert max(two_steps) <= min(one_step), (one_step, two_steps)  # two steps, no more moves than one had
-
 
 
 def _bulk_stores_and_waits(ptx: str) -> tuple:
@@ -478,8 +415,8 @@ def test_a_deferred_output_copy_is_waited_for_inside_the_next_tile(head_dim, tmp
     gf = _gluon_fwd()
     assert head_dim not in gf.DEFERRED_STORE
     base = (head_dim, 1, 0, 2, "shipped", "shipped", "shipped", "ptx", "shipped", "shipped", "shipped")
-    now = run_compiling_child(_COMPILE_FOR_SM90, (*base, "0"), tmp_path / "now")
-    later = run_compiling_child(_COMPILE_FOR_SM90, (*base, "1"), tmp_path / "later")
+    now = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "0"), tmp_path / "now")
+    later = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "1"), tmp_path / "later")
     assert now.returncode == 0 and later.returncode == 0, (now.stderr[-3000:], later.stderr[-3000:])
     assert _bulk_stores_and_waits(now.stdout) == (2, 2)  # each consumer's copy, waited for at once
     if gf.q_buffers(head_dim, *gf.TILES[head_dim]) == 2:

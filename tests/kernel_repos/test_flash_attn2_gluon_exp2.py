@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from flash_ref import load_flash_attn2, run_compiling_child, sass_loops
+from flash_ref import GLUON_FWD_SM90_CHILD, load_flash_attn2, run_compiling_child, sass_loops
 
 fa = load_flash_attn2()
 
@@ -193,17 +193,12 @@ def _key_loops(sass: str) -> list:
             if any("HGMMA" in t for t in body) and any("MUFU.EX2" in t for t in body)]
 
 
-def _sm90_child():
-    from test_flash_attn2_gluon import _COMPILE_FOR_SM90
-    return _COMPILE_FOR_SM90
-
-
 def test_two_of_every_eight_exponentials_leave_the_exp2_unit_in_the_key_loop(tmp_path):
     # head_dim 64, 128 keys a block: a thread computes 64 probabilities a step and two rescale
     # factors; with EXP2_POLY 2 the exp2 unit keeps 48 + 2 of them and 16 go to the FMA units
     _gluon_fwd()
     args = (64, 0, 0, 2, "shipped", "shipped", "shipped", "sass", "shipped", "2")
-    done = run_compiling_child(_sm90_child(), args, tmp_path)
+    done = run_compiling_child(GLUON_FWD_SM90_CHILD, args, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     loops = _key_loops(done.stdout)
     # the innermost key loops (one step a trip): the unmasked and masked steps of the consumers

@@ -65,7 +65,7 @@ import os
 from typing import Any, List, Optional, Tuple
 
 import torch
-
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -253,6 +253,7 @@ def _lazy_rescale_constraints(n: int) -> str:
     return ",".join(["=r"] * n + [str(i) for i in range(n)] + ["r"] * n)
 
 
+@triton.constexpr_function
 def exp2_mixed_asm(poly: int, pack: int = 8) -> str:
     """PTX computing 2**x for ``pack`` values ($pack.. in, $0.. out), ``poly`` of them (spread over
     the pack) on the FMA units and the rest with ``ex2.approx.ftz``. Raises ValueError unless
@@ -288,29 +289,17 @@ def exp2_mixed_asm(poly: int, pack: int = 8) -> str:
     return "\n".join(lines)
 
 
-# the variants a kernel may compile: how many of 8 on the FMA units -> its asm (constexprs, so a
-# jit function can pick one by a constexpr)
-_EXP2_ASM_1 = gl.constexpr(exp2_mixed_asm(1))
-_EXP2_ASM_2 = gl.constexpr(exp2_mixed_asm(2))
-_EXP2_ASM_3 = gl.constexpr(exp2_mixed_asm(3))
-_EXP2_ASM_4 = gl.constexpr(exp2_mixed_asm(4))
 _EXP2_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
 
 
 @gluon.jit
 def _exp2(x, POLY: gl.constexpr):
     """``gl.exp2(x)``; with POLY (:data:`EXP2_POLY`), POLY of every 8 values by the cubic on the
-    FMA units."""
-    if POLY == 1:
-        return gl.inline_asm_elementwise(_EXP2_ASM_1, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    elif POLY == 2:
-        return gl.inline_asm_elementwise(_EXP2_ASM_2, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    elif POLY == 3:
-        return gl.inline_asm_elementwise(_EXP2_ASM_3, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
-    elif POLY == 4:
-        return gl.inline_asm_elementwise(_EXP2_ASM_4, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=8)
+    FMA units (the asm built at compile time by :func:`exp2_mixed_asm`)."""
+    if POLY > 0:
+        return gl.inline_asm_elementwise(exp2_mixed_asm(POLY), _EXP2_CONSTRAINTS, [x], dtype=gl.float32,
+                                         is_pure=True, pack=8)
     else:
-        gl.static_assert(POLY == 0, "EXP2_POLY: 0 to 4 of every 8")
         return gl.exp2(x)
 
 
