@@ -70,6 +70,10 @@ API (everything else here is private):
 ``with_setting(module, name, value, call)``
     ``call()`` with ``module.name`` set to ``value`` for its duration (a kernel module's setting
     read per call).
+``compile_gluon_forward(gf, head_dim, causal, *, tile=None, consumers=2, **choices)``
+    The dense Gluon forward of a ``_gluon_fwd`` module compiled for sm90 without a GPU (Triton's
+    compiled kernel: ``.asm["ptx"]``, ``.asm["cubin"]``), the package's per-head-dim choices
+    overridable by name. Raises ValueError for a choice the kernel lacks.
 ``ncu_source_page(regex, child, report) -> (duration_ms, header, rows)``
     Runs the command line ``child`` under Nsight Compute (``--clock-control none``, warp-state
     sampling) and reads the second launch of the kernel whose name matches ``regex``: its
@@ -443,6 +447,55 @@ def with_setting(decode, name, value, call):
         return call()
     finally:
         setattr(decode, name, saved)
+
+
+def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: Optional[tuple] = None,
+                          consumers: int = 2, **choices: Any) -> Any:
+    """The dense persistent Gluon forward of the kernel module ``gf`` (``_gluon_fwd``) compiled for
+    sm90 with this process's Triton, no GPU needed: Triton's compiled kernel (``.asm["ptx"]``,
+    ``["cubin"]``). ``tile`` (BLOCK_N, STAGES) defaults to the shipped one; the per-head-dim
+    choices (``PIN_WAIT=True``, ``EXP2_POLY=1``, ...) default to the package's and may be set by
+    name; a choice an older package's kernel lacks is left out, so two versions compile alike.
+    Raises what Triton raises."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    fn = gf._gluon_attn_fwd
+    block_n, stages = tile or gf.TILES[head_dim]
+    regs = gf.REGS if consumers == 2 else gf.REGS_3
+    t = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)  # descriptors read only its shape and strides
+    values = dict(q_desc=gf._descriptor(t, gf.ROWS, head_dim), k_desc=gf._descriptor(t, block_n, head_dim),
+                  v_desc=gf._descriptor(t, block_n, head_dim), o_desc=gf._descriptor(t, gf.ROWS, head_dim),
+                  lse_ptr=torch.empty(4, dtype=torch.float32), qk_scale=0.1)
+    consts = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1],
+                  VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
+    if "PERSISTENT" in fn.arg_names:  # packages whose dense forward walks its tiles persistently
+        consts.update(QBUF=gf.q_buffers(head_dim, block_n, stages, *([consumers] if consumers != 2 else [])),
+                      PERSISTENT=True)
+    if "CONSUMERS" in fn.arg_names:  # packages whose forward takes 2 or 3 consumer warpgroups
+        consts.update(CONSUMERS=consumers)
+    # the kernel's per-head-dim choices (a set of head dims each; EXP2_POLY maps a head dim to a
+    # count), as the package sets them unless given; packages older than a choice lack it
+    for name in ("KV_TOGETHER", "PINGPONG", "THREAD_ARRIVE", "PIN_WAIT", "TREE_MAX", "LAZY_RESCALE", "EXP2_POLY",
+                 "UNROLL2", "DEFERRED_STORE"):
+        if name in fn.arg_names:
+            chosen = getattr(gf, name)
+            consts[name] = choices.get(name, chosen.get(head_dim, 0) if isinstance(chosen, dict) else head_dim in chosen)
+    unknown = set(choices) - set(consts)
+    if unknown:
+        raise ValueError(f"{sorted(unknown)}: not choices of this package's Gluon forward")
+    sig, cx = {}, {}
+    for n in fn.arg_names:
+        if n in consts:
+            sig[n], cx[n] = "constexpr", consts[n]
+        else:
+            sig[n] = mangle_type(values[n]) if n in values else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
+    return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=regs[2]))
 
 
 # ------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ import triton
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
 
+import harness
+
 
 
 def load(pkg_dir: Path, name: str):
@@ -79,41 +81,8 @@ def gluon_configurations(name: str) -> dict:
 
 
 def compile_gluon(gf, head_dim: int, causal: bool) -> list:
-    """PTX lines of the dense Gluon forward for sm90. Arguments a package's kernel lacks are left
-    out, so two versions of it compile alike."""
-    import torch
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
-    fn = gf._gluon_attn_fwd
-    block_n, stages = gf.TILES[head_dim]
-    t = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)  # descriptors read only its shape and strides
-    values = dict(q_desc=gf._descriptor(t, gf.ROWS, head_dim), k_desc=gf._descriptor(t, block_n, head_dim),
-                  v_desc=gf._descriptor(t, block_n, head_dim), o_desc=gf._descriptor(t, gf.ROWS, head_dim),
-                  lse_ptr=torch.empty(4, dtype=torch.float32), qk_scale=0.1)
-    consts = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=gf.REGS[0], PRODUCER_REGS=gf.REGS[1],
-                  VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
-    if "PERSISTENT" in fn.arg_names:  # packages whose dense forward walks its tiles persistently
-        consts.update(QBUF=gf.q_buffers(head_dim, block_n, stages), PERSISTENT=True)
-    if "CONSUMERS" in fn.arg_names:  # packages whose forward takes 2 or 3 consumer warpgroups
-        consts.update(CONSUMERS=2)
-    # the kernel's per-head-dim choices (a set of head dims each; EXP2_POLY maps a head dim to a
-    # count), as the package sets them; packages older than a choice's constexpr lack it
-    for name in ("KV_TOGETHER", "PINGPONG", "THREAD_ARRIVE", "PIN_WAIT", "TREE_MAX", "LAZY_RESCALE", "EXP2_POLY",
-                 "UNROLL2", "DEFERRED_STORE"):
-        if name in fn.arg_names:
-            chosen = getattr(gf, name)
-            consts[name] = chosen.get(head_dim, 0) if isinstance(chosen, dict) else head_dim in chosen
-    sig, cx = {}, {}
-    for n in fn.arg_names:
-        if n in consts:
-            sig[n], cx[n] = "constexpr", consts[n]
-        else:
-            sig[n] = mangle_type(values[n]) if n in values else "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
-    c = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=gf.REGS[2]))
-    return _ptx_lines(c.asm["ptx"])
+    """PTX lines of the dense Gluon forward for sm90 (harness.compile_gluon_forward)."""
+    return _ptx_lines(harness.compile_gluon_forward(gf, head_dim, causal).asm["ptx"])
 
 
 
