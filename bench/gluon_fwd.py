@@ -50,7 +50,7 @@ KERNELS[64].update(gluon_c3=dict(consumers=3), gluon_c3n64=dict(consumers=3, til
 KERNELS[64].update(gluon_n64=dict(tile=(64, 4)), gluon_n64s8=dict(tile=(64, 8)))
 # head_dim 64, three consumers without the pinned P·V wait: pinned, a consumer's second set of P
 # registers does not fit in the 160 a thread three consumers leave, and the kernel spills (120 B
-# of stack, offline sm90); unpinned it had measured 1.00-1.03x two unpinned consumers at 4k-16k
+# of stack, bench/results/gluon_sass.md); unpinned it had measured 1.00-1.03x two unpinned consumers at 4k-16k
 # (gluon_fwd_d64_consumers.md)
 KERNELS[64].update(gluon_c3u=dict(consumers=3, pin_wait=False))
 # every head dim: K and V of a ring slot handed back in one arrival once P·V of that block is done

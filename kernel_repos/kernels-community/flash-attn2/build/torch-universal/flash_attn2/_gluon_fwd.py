@@ -158,17 +158,17 @@ LAZY_RESCALE: frozenset = frozenset()
 # below bf16's 2**-9 rounding of P), the integer part added to the exponent bits. Why: at
 # head_dim 64 both consumers' exponentials of a block take ~1,060 clocks of a scheduler's exp2
 # unit, about what the block's matmuls take on the tensor cores; an emulated one costs ~7
-# instructions, and a step already issues ~926 a scheduler, so by count 1 of 8 gains ~1 % and 2
-# of 8 loses, more only where the two softmaxes contend (bench/NOTES.md). Not timed yet, so no
-# head dim takes it.
+# instructions, and a step already issues ~930 a scheduler (bench/results/gluon_sass.md), so by
+# count 1 of 8 gains ~1 % and 2 of 8 loses, more only where the two softmaxes contend
+# (bench/NOTES.md). Not timed yet, so no head dim takes it.
 EXP2_POLY: dict = {}
 # head dims whose unmasked key loop runs two key blocks a trip. Why: P_j is converted into
 # registers of its own while P_{j-1}'s are still read by the P·V wgmma (PIN_WAIT), and a loop of
-# one step must move it back into P_{j-1}'s registers before the next trip (32 moves a step at
-# head_dim 64, offline sm90 SASS); two steps a trip alternate between the two sets. The same
-# arithmetic in the same order, so the same bits. Its price is compile time (a third more code:
-# 2.4 -> 3.4 s offline for the head_dim 128 causal forward), which a cold first call pays. Not
-# timed yet, so no head dim takes it.
+# one step must move it back into P_{j-1}'s registers before the next trip (35 moves of a step's
+# 464 instructions at head_dim 64 against 15.5 unrolled, bench/results/gluon_sass.md); two steps a
+# trip alternate between the two sets. The same arithmetic in the same order, so the same bits.
+# Its price is compile time (the head_dim 128 causal forward 2.3 -> 3.3 s there), which a cold
+# first call pays. Not timed yet, so no head dim takes it.
 UNROLL2: frozenset = frozenset()
 # head dims whose consumers leave a tile without waiting for its output's bulk copy: the wait, and
 # the hand-back of that Q/O buffer to the producer, come after the first key block of the next
