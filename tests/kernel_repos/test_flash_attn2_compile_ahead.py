@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import re
+import shutil
+import subprocess
 import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -251,6 +255,103 @@ def test_a_failing_background_hash_leaves_the_compile_to_raise(fake_driver, monk
     launch._HASHING.join(5)
     launch._hash_compiler_once()  # returns: Triton's compile calls triton_key itself and raises there
     assert launch._COMPILER_HASHED
+
+
+def test_the_background_thread_builds_tritons_cuda_helper_after_the_hash_and_leaves_cuda_alone(monkeypatch):
+    # Triton builds its CUDA helper module (C, with gcc) when its driver is first created, at the
+    # first launch; the thread builds it first, without creating the driver: that would ask torch
+    # whether CUDA is available, initialising CUDA at import, and a process the job forks later
+    # could not use CUDA any more
+    import triton.backends.nvidia.driver as nvidia_driver
+    import triton.runtime.cache as cache
+
+    events = []
+    release = threading.Event()
+
+    class Helper:
+        def __init__(self):
+            events.append(("helper", threading.current_thread().name))
+            release.wait(5)
+
+    monkeypatch.setattr(cache, "triton_key", lambda: events.append(("hash", threading.current_thread().name)))
+    monkeypatch.setattr(nvidia_driver, "CudaUtils", Helper)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: events.append(("cuda", None)) or False)
+    monkeypatch.setattr(torch.cuda, "init", lambda: events.append(("cuda", None)))
+    monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
+    monkeypatch.setattr(launch, "_HASHING", None)
+    launch.hash_compiler_in_background()
+    waited = threading.Thread(target=launch._hash_compiler_once)
+    waited.start()
+    waited.join(0.2)
+    assert waited.is_alive()  # the first compile also waits for the helper module...
+    release.set()
+    waited.join(5)
+    assert not waited.is_alive()
+    # ...built after the hash, both on the background thread, and CUDA never asked about
+    assert events == [("hash", "flash_attn2-compiler-hash"), ("helper", "flash_attn2-compiler-hash")]
+
+
+def test_a_failing_helper_build_is_left_to_the_first_launch(monkeypatch):
+    import triton.backends.nvidia.driver as nvidia_driver
+    import triton.runtime.cache as cache
+
+    class NoCompiler:
+        def __init__(self):
+            raise RuntimeError("Failed to find C compiler")
+
+    monkeypatch.setattr(cache, "triton_key", lambda: "key")
+    monkeypatch.setattr(nvidia_driver, "CudaUtils", NoCompiler)
+    monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
+    monkeypatch.setattr(launch, "_HASHING", None)
+    launch.hash_compiler_in_background()
+    launch._hash_compiler_once()  # returns: Triton's driver builds it at the first launch and raises there
+    assert launch._COMPILER_HASHED and not launch._HASHING.is_alive()
+
+
+_HELPER_CHILD = """
+import os
+import torch
+import triton.runtime.build as build
+import triton.backends.nvidia.driver as nvidia_driver
+import _fa2_sm90._launch as launch
+launch._HASHING, launch._COMPILER_HASHED, launch.COMPILE_THREADS = None, False, 2
+launch.hash_compiler_in_background()
+launch._hash_compiler_once()
+built = sorted(os.listdir(os.environ["TRITON_CACHE_DIR"]))
+
+
+def no_compiler(*args, **kwargs):
+    raise RuntimeError("the C compiler ran again")
+
+
+build._build = no_compiler
+nvidia_driver.CudaUtils()  # what Triton's driver does at the first launch: found in the cache
+print(len(built), torch.cuda.is_initialized())
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("cc") is None,
+                    reason="Triton builds its CUDA helper with the host's C compiler, and there is none")
+def test_the_helper_module_built_in_the_background_is_what_tritons_driver_finds_at_the_first_launch(
+        tmp_path, monkeypatch):
+    # a real build, as on a GPU node with an empty cache: Triton's own C source compiled by gcc
+    # against a stand-in libcuda (every cu* function it names, returning an error; nothing calls
+    # them), then Triton's own constructor loads it without compiling
+    import triton.backends.nvidia.driver as nvidia_driver
+
+    source = (Path(nvidia_driver.__file__).parent / "driver.c").read_text()
+    names = sorted(set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", source)))
+    stub = tmp_path / "libcuda"
+    stub.mkdir()
+    (stub / "stub.c").write_text("".join(f"int {name}(void) {{ return 999; }}\n" for name in names))
+    subprocess.run([shutil.which("gcc") or shutil.which("cc"), "-shared", "-fPIC", str(stub / "stub.c"), "-o",
+                    str(stub / "libcuda.so.1")], check=True)
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(stub))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(stub))
+    cache_dir = tmp_path / "cache"
+    done = run_compiling_child(_HELPER_CHILD, (), cache_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1", "False"]  # one module built, CUDA not initialised
 
 
 _HASH_THREAD_CHILD = """

@@ -456,9 +456,33 @@ def _triton_key() -> None:
         pass
 
 
+def _build_cuda_utils() -> None:
+    """Have Triton's CUDA helper module built (or found in its cache) and loaded.
+
+    Why: Triton builds it (``cuda_utils``: loading modules, device properties, TMA descriptors)
+    from C with the host's compiler when its CUDA driver object is first created, which is at the
+    first launch: about 0.25 s of gcc on an empty cache, on the first call's path. Built here, that
+    step finds it in the cache. Only the module is built: creating Triton's driver asks torch
+    whether CUDA is available, which initialises CUDA, and a CUDA initialised by an import breaks
+    CUDA in processes the job forks later. Raises nothing (another Triton, no libcuda, a read-only
+    cache: the first launch builds it as before and raises there)."""
+    try:
+        from triton.backends.nvidia.driver import CudaUtils
+        CudaUtils()
+    except Exception:
+        pass
+
+
+def _prepare_compiler() -> None:
+    """The background thread's work: Triton's compiler hash, then its CUDA helper module."""
+    _triton_key()
+    _build_cuda_utils()
+
+
 def hash_compiler_in_background() -> None:
     """Start computing Triton's hash of its own compiler (see :func:`_hash_compiler_once`) on a
-    daemon thread, once per process; the first compile or cache lookup waits for it.
+    daemon thread, once per process, and building Triton's CUDA helper module after it (see
+    :func:`_build_cuda_utils`); the first compile or cache lookup waits for both.
 
     Why: every compile's and every cache lookup's key holds that hash (about 0.3 s of reading
     libtriton, more from a cold disk), so computed at the first call it sits on the path
@@ -472,20 +496,26 @@ def hash_compiler_in_background() -> None:
         # (torch.compile in bench/attention.py raised on it): a first import that fails on a
         # thread (Python gives up on imports two threads wait on each other for) is dropped from
         # sys.modules while its submodules stay, and the next `import triton` builds a package
-        # without them, the failure itself swallowed below. Once Triton is imported, the hash
-        # imports nothing more and only reads files.
+        # without them, the failure itself swallowed below. Once Triton is imported, the thread
+        # imports nothing more: it reads files and runs the C compiler.
         try:
             import triton.runtime.cache  # noqa: F401
         except ImportError:  # no Triton: nothing will compile or look a kernel up
             return
-        _HASHING = threading.Thread(target=_triton_key, name="flash_attn2-compiler-hash", daemon=True)
+        try:  # the helper module's builder, for the same reason
+            import triton.backends.nvidia.driver  # noqa: F401
+            import triton.runtime.build  # noqa: F401
+        except ImportError:  # a Triton without a CUDA backend: the thread only hashes
+            pass
+        _HASHING = threading.Thread(target=_prepare_compiler, name="flash_attn2-compiler-hash", daemon=True)
         _HASHING.start()
 
 
 def _hash_compiler_once() -> None:
     """Have Triton's hash of its own compiler (``triton.runtime.cache.triton_key``: it reads the
     whole libtriton library) computed before anything compiles: wait for the thread that
-    :func:`hash_compiler_in_background` started, or compute it on the calling thread.
+    :func:`hash_compiler_in_background` started (it also builds Triton's CUDA helper module), or
+    compute it on the calling thread.
 
     Why: every compile's cache key holds that hash, and Triton caches it without a lock, so
     threads that compile at once each compute it again, in 1 MB reads that take and release the
