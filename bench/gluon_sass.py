@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import subprocess
 import tempfile
 import time
 
@@ -40,42 +39,6 @@ VARIANTS = {
 }
 
 
-def _sass(cubin: bytes, *flags: str) -> str:
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
-
-
-def key_step(sass: str, head_dim: int, block_n: int) -> dict:
-    """Per key block of the first unmasked key loop in ``sass`` (the innermost loop that issues
-    wgmma and exponentials and no compares of key positions): its counts (see the module
-    docstring) divided by the blocks one trip handles (its wgmma over a block's head_dim/16 +
-    block_n/16)."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    per_block = head_dim // 16 + block_n // 16
-    for at, text in ins:
-        m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
-        if not (m and int(m.group(1), 16) < at):
-            continue
-        body = [t.strip() for a, t in ins if int(m.group(1), 16) <= a <= at]
-        wgmma = sum("HGMMA" in t for t in body)
-        if not wgmma or wgmma % per_block or not any("MUFU.EX2" in t for t in body) or \
-                any(t.split()[0].startswith("FSEL") for t in body) or wgmma > 2 * per_block:
-            continue
-        blocks = wgmma // per_block
-        return dict(instructions=len(body) / blocks,
-                    exp2_unit=sum("MUFU.EX2" in t for t in body) / blocks,
-                    emulated=sum("FADD.FTZ.RM" in t for t in body) / blocks,
-                    moves=sum(bool(re.search(r"\b(IMAD\.MOV\S*|MOV)\s+R", t)) for t in body) / blocks,
-                    permutes=sum(t.split()[0].startswith("PRMT") for t in body) / blocks,
-                    blocks_a_trip=blocks)
-    return {}
-
-
 def main() -> None:
     args = harness.arguments(__doc__).parse_args()
     from triton.runtime.cache import triton_key
@@ -89,9 +52,9 @@ def main() -> None:
             start = time.perf_counter()
             compiled = harness.compile_gluon_forward(gf, head_dim, causal, **kwargs)
             seconds = time.perf_counter() - start
-        usage = re.search(r"REG:(\d+) STACK:(\d+)", _sass(compiled.asm["cubin"], "-res-usage"))
+        usage = re.search(r"REG:(\d+) STACK:(\d+)", harness.sass(compiled.asm["cubin"], "-res-usage"))
         row = dict(variant=name, compile_s=seconds, registers=int(usage.group(1)), stack=int(usage.group(2)),
-                   **key_step(_sass(compiled.asm["cubin"], "-sass"), head_dim, gf.TILES[head_dim][0]))
+                   **harness.key_step(harness.sass(compiled.asm["cubin"], "-sass"), head_dim, gf.TILES[head_dim][0]))
         rows.append(row)
         print(row, flush=True)
     path = harness.write_results(

@@ -8,6 +8,9 @@
 #
 # launchcheck: the same check with every cached launch cross-checked against Triton's own choice of kernel
 # and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), into OUT/launch_check.
+# TRITON_OVERLAY=DIR: run every step under the Triton release unpacked in DIR (a folder holding `triton/`
+# and its dist-info, put ahead of the installed one on PYTHONPATH), with the Gluon kernels allowed under
+# it (FLASH_ATTN2_GLUON_TRITON): for checking and timing a release before it joins MEASURED_TRITON.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.
@@ -17,6 +20,12 @@ BASE=${2:-}
 RES=$OUT
 STEPS=${STEPS:-warm check launchcheck attention varlen decode tests compile host e2e}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$(mktemp -d)
+if [[ -n "${TRITON_OVERLAY:-}" ]]; then
+    export PYTHONPATH=$TRITON_OVERLAY:$PWD
+    FLASH_ATTN2_GLUON_TRITON=$(python3 -c 'import triton, re; print(re.match(r"\d+\.\d+", triton.__version__).group(0))') || exit 1
+    export FLASH_ATTN2_GLUON_TRITON
+    echo "=== Triton $(python3 -c 'import triton; print(triton.__version__, triton.__file__)'), Gluon allowed under $FLASH_ATTN2_GLUON_TRITON"
+fi
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit" "$@" || echo "=== FAILED ($?): $*"; }
 # Compile every kernel the attention table needs in parallel first (both packages): the timing

@@ -74,6 +74,12 @@ API (everything else here is private):
     The dense Gluon forward of a ``_gluon_fwd`` module compiled for sm90 without a GPU (Triton's
     compiled kernel: ``.asm["ptx"]``, ``.asm["cubin"]``), the package's per-head-dim choices
     overridable by name. Raises ValueError for a choice the kernel lacks.
+``compile_gluon_backward(gb, head_dim, causal)``
+    The dense Gluon dK/dV/dQ kernel of a ``_gluon_bwd`` module compiled for sm90 without a GPU.
+``sass(cubin, *flags) -> str``, ``key_step(sass, head_dim, block_n) -> dict``
+    A cubin's ``cuobjdump`` listing (``-sass``, ``-res-usage``); the Gluon forward's unmasked key
+    loop read from a SASS listing, per key block: instructions, MUFU.EX2, emulated exponentials,
+    register moves, PRMT, blocks a loop trip ({} when there is no such loop).
 ``ncu_source_page(regex, child, report) -> (duration_ms, header, rows)``
     Runs the command line ``child`` under Nsight Compute (``--clock-control none``, warp-state
     sampling) and reads the second launch of the kernel whose name matches ``regex``: its
@@ -496,6 +502,72 @@ def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: 
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
     return triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=regs[2]))
+
+
+def compile_gluon_backward(gb: ModuleType, head_dim: int, causal: bool) -> Any:
+    """The dense Gluon dK/dV/dQ kernel of the kernel module ``gb`` (``_gluon_bwd``) compiled for
+    sm90 with this process's Triton, no GPU needed, with the arguments the package's own launch
+    code builds (``_launch_args``). Raises what Triton raises."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    q = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)  # descriptors read only its shape and strides
+    lse = torch.empty(2, 4, 256, dtype=torch.float32)
+    acc = torch.empty(256 * 4 * 2, head_dim, dtype=torch.float32)
+    _, args, kwargs = gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal)
+    fn = gb._gluon_attn_bwd
+    names = list(fn.arg_names)
+    constants = {n: kwargs[n] for n in names if n in kwargs}
+    values = dict(zip([n for n in names if n not in constants], args))
+    constants.update({n: None for n, a in values.items() if a is None})  # the packed-only arguments
+    signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
+    return triton.compile(GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=gb.REGS[2]))
+
+
+def sass(cubin: bytes, *flags: str) -> str:
+    """``cuobjdump`` (the one Triton ships) run on ``cubin`` with ``flags`` (``-sass``,
+    ``-res-usage``); its output. Raises CalledProcessError when it fails."""
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def key_step(sass: str, head_dim: int, block_n: int) -> dict:
+    """Per key block of the first unmasked key loop in ``sass`` (the innermost loop that issues
+    wgmma and exponentials and no compares of key positions): its instructions, exponentials on
+    the exp2 unit (MUFU.EX2), emulated exponentials (one FADD.FTZ.RM each), register moves (MOV,
+    IMAD.MOV) and byte permutes (PRMT), divided by the blocks one trip handles (its wgmma over a
+    block's head_dim/16 + block_n/16)."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    per_block = head_dim // 16 + block_n // 16
+    for at, text in ins:
+        m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
+        if not (m and int(m.group(1), 16) < at):
+            continue
+        body = [t.strip() for a, t in ins if int(m.group(1), 16) <= a <= at]
+        wgmma = sum("HGMMA" in t for t in body)
+        if not wgmma or wgmma % per_block or not any("MUFU.EX2" in t for t in body) or \
+                any(t.split()[0].startswith("FSEL") for t in body) or wgmma > 2 * per_block:
+            continue
+        blocks = wgmma // per_block
+        return dict(instructions=len(body) / blocks,
+                    exp2_unit=sum("MUFU.EX2" in t for t in body) / blocks,
+                    emulated=sum("FADD.FTZ.RM" in t for t in body) / blocks,
+                    moves=sum(bool(re.search(r"\b(IMAD\.MOV\S*|MOV)\s+R", t)) for t in body) / blocks,
+                    permutes=sum(t.split()[0].startswith("PRMT") for t in body) / blocks,
+                    blocks_a_trip=blocks)
+    return {}
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""bench/gluon_sass.py's reading of a key loop in SASS: which loop is the unmasked key step, and its
+"""harness.key_step, bench/gluon_sass.py's reading of a key loop in SASS: which loop is the unmasked key step, and its
 counts per key block.
 
 The listing is written by hand in ``cuobjdump -sass``'s layout, cut down from the Gluon forward's
@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))  # bench/ is not a package
 
-import gluon_sass  # noqa: E402
+import harness  # noqa: E402
 
 
 def _listing(loops: list) -> str:
@@ -35,12 +35,12 @@ MASKED = STEP + ["FSEL R5, R5, -INF , P1"]
 
 def test_the_unmasked_step_is_read_per_key_block():
     sass = _listing([MASKED, STEP])  # the masked loop (FSEL) comes first and is passed over
-    assert gluon_sass.key_step(sass, 64, 128) == dict(
+    assert harness.key_step(sass, 64, 128) == dict(
         instructions=len(STEP) + 1, exp2_unit=66, emulated=2, moves=3, permutes=1, blocks_a_trip=1)
 
 
 def test_a_loop_of_two_blocks_is_divided_by_two_and_outer_loops_are_passed_over():
     outer = STEP * 3  # more than two blocks a trip: a tile's loop around the key loops
-    counts = gluon_sass.key_step(_listing([outer, STEP + STEP]), 64, 128)
+    counts = harness.key_step(_listing([outer, STEP + STEP]), 64, 128)
     assert counts["blocks_a_trip"] == 2 and counts["exp2_unit"] == 66 and counts["instructions"] == len(STEP) + 0.5
-    assert gluon_sass.key_step(_listing([outer]), 64, 128) == {}
+    assert harness.key_step(_listing([outer]), 64, 128) == {}

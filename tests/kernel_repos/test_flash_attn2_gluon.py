@@ -10,6 +10,7 @@ the installed Triton to see the Hopper instructions it is built on.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 
 import pytest
@@ -100,6 +101,39 @@ def test_gluon_is_used_only_under_the_triton_release_it_was_measured_on(monkeypa
     monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
     monkeypatch.setattr(dispatch, "MEASURED_TRITON", frozenset())
     assert not dispatch.gluon_available()
+
+
+@pytest.mark.parametrize("value, extra", [
+    ("", set()), ("3.7", {(3, 7)}), (" 3.7 , 3.8 ", {(3, 7), (3, 8)}), ("3.6", set()), ("3.7,", {(3, 7)}),
+])
+def test_further_triton_releases_are_accepted_by_name(value, extra):
+    # for checking a release on a GPU before it is measured: FLASH_ATTN2_GLUON_TRITON=3.7
+    accepted = dispatch.accepted_triton({dispatch.GLUON_TRITON_ENV: value})
+    assert accepted == dispatch.MEASURED_TRITON | extra
+
+
+@pytest.mark.parametrize("value", ["3", "latest", "3.7.1", "3.x"])
+def test_a_malformed_release_name_is_refused_with_the_variable_named(value):
+    with pytest.raises(ValueError, match=r"FLASH_ATTN2_GLUON_TRITON=.*major\.minor"):
+        dispatch.accepted_triton({dispatch.GLUON_TRITON_ENV: value})
+
+
+def test_a_release_named_in_the_environment_runs_gluon_where_the_measured_list_lacks_it(monkeypatch):
+    import triton
+
+    this = "%d.%d" % dispatch.triton_version_tuple(triton.__version__)
+    has_hopper = importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") is not None
+    monkeypatch.setattr(dispatch, "MEASURED_TRITON", frozenset())
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    monkeypatch.delenv(dispatch.GLUON_TRITON_ENV, raising=False)
+    assert not dispatch.gluon_available()
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    monkeypatch.setenv(dispatch.GLUON_TRITON_ENV, this)
+    assert dispatch.gluon_available() == has_hopper
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    monkeypatch.setenv(dispatch.GLUON_TRITON_ENV, "next")
+    with pytest.raises(ValueError, match="FLASH_ATTN2_GLUON_TRITON"):
+        dispatch.gluon_available()
 
 
 def _gluon_fwd():

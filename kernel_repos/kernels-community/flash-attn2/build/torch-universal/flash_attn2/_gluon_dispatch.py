@@ -2,7 +2,7 @@
 
 Pure Python over plain values, so that CPU tests can walk the rule; importing this module
 imports neither Triton nor Gluon. The rule: an sm90 GPU, a Triton release the kernel was
-measured under (:data:`MEASURED_TRITON`) that ships ``triton.experimental.gluon``, a call
+measured under (:data:`MEASURED_TRITON`, or one named in ``FLASH_ATTN2_GLUON_TRITON``) that ships ``triton.experimental.gluon``, a call
 without ``seqused_k``, window, softcap, ALiBi or dropout, bf16, and a (head_dim, causal) pair in
 :data:`MEASURED_FASTER` (dense) or :data:`MEASURED_FASTER_VARLEN` (packed sequences) with at
 least its number of query tokens: where the Gluon forward measured correct and faster than the
@@ -13,6 +13,7 @@ Everything else, the interpreter included, keeps the Triton kernel.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Mapping, Optional, Tuple
 
@@ -44,6 +45,10 @@ MEASURED_FASTER_VARLEN: Mapping[Tuple[int, bool], int] = {
 # experimental: names changed after 3.6 (the kernel follows them) and Triton 3.10 turns FP
 # fusion off by default, so another release keeps the Triton kernel until it is measured too.
 MEASURED_TRITON: frozenset = frozenset({(3, 6)})
+# Further releases to run the Gluon kernels under anyway, "3.7" or "3.7,3.8" (read once, at the
+# first call): for checking and timing a release on a GPU before it joins MEASURED_TRITON
+# (bench/check_gpu.py and the benchmarks run under it), at one's own risk otherwise.
+GLUON_TRITON_ENV = "FLASH_ATTN2_GLUON_TRITON"
 _GLUON_AVAILABLE: Optional[bool] = None
 
 
@@ -53,15 +58,30 @@ def triton_version_tuple(version: str) -> Tuple[int, int]:
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
+def accepted_triton(environ: Optional[Mapping[str, str]] = None) -> frozenset:
+    """:data:`MEASURED_TRITON` and the releases named in ``FLASH_ATTN2_GLUON_TRITON``.
+
+    Raises ValueError naming the variable for an entry that is not ``major.minor``."""
+    extra = (os.environ if environ is None else environ).get(GLUON_TRITON_ENV, "")
+    releases = set(MEASURED_TRITON)
+    for item in filter(None, (part.strip() for part in extra.split(","))):
+        if not re.fullmatch(r"\d+\.\d+", item):
+            raise ValueError(f"{GLUON_TRITON_ENV}={extra!r}: {item!r} is not a Triton release as major.minor "
+                             "(for example 3.7, or 3.7,3.8)")
+        releases.add(triton_version_tuple(item))
+    return frozenset(releases)
+
+
 def gluon_available() -> bool:
-    """Whether this process's Triton is a release in :data:`MEASURED_TRITON` with Gluon's Hopper
-    API (cached)."""
+    """Whether this process's Triton is a release in :func:`accepted_triton` with Gluon's Hopper
+    API (cached). Raises ValueError for a malformed ``FLASH_ATTN2_GLUON_TRITON``."""
     global _GLUON_AVAILABLE
     if _GLUON_AVAILABLE is None:
+        accepted = accepted_triton()
         try:
             import triton
 
-            if triton_version_tuple(triton.__version__) not in MEASURED_TRITON:
+            if triton_version_tuple(triton.__version__) not in accepted:
                 raise ImportError(triton.__version__)
             from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
             _GLUON_AVAILABLE = True
