@@ -1,13 +1,15 @@
-"""Offline check of ``_launch.DirectLaunch`` against Triton 3.6's own launcher (no GPU needed).
+"""Offline check of ``_launch.DirectLaunch`` against Triton's own launcher (no GPU needed), under
+the Triton release this process has: 3.6 or 3.7, the releases DirectLaunch reproduces.
 
 The shipped package's host code builds the launches of a training step (the Gluon forward, the
 delta kernel, the Gluon dK/dV/dQ kernel and the dQ cast; dense, transformers' layout, packed,
 head dims 64/128/256) on CPU tensors; each kernel is compiled for sm90, and its launch is made
 twice with the C launch function and the TMA encode recorded instead of run: once through
-Triton 3.6's ``CudaLauncher.__call__`` and its descriptor wrapper, once through DirectLaunch
+Triton's ``CudaLauncher.__call__`` and its descriptor wrapper, once through DirectLaunch
 (twice, the second time from its cached maps). Writes, per launch, whether the C function got
-the same argument list (``bench/results/direct_launch_equivalence.md``/``.json``); exits 1 if any differs. Needs Triton 3.6 (the release DirectLaunch
-reproduces) and a CPU build of torch::
+the same argument list (``bench/results/direct_launch_equivalence.md``/``.json`` under Triton 3.6,
+``direct_launch_equivalence_triton37.md``/``.json`` under 3.7); exits 1 if any differs. Needs a
+CPU build of torch::
 
     PYTHONPATH=. python bench/direct_launch_equivalence.py [--out DIR]
 """
@@ -40,8 +42,10 @@ class _RecordedEncode:
     """The driver's utilities, the TMA encode recorded: a map is the tuple of its inputs."""
 
     @staticmethod
-    def fill_tma_descriptor(*inputs):
+    def fill_tma_descriptor(*inputs):  # Triton 3.6's name
         return ("CUtensorMap", inputs)
+
+    fill_tma_descriptor_tiled = fill_tma_descriptor  # Triton 3.7's
 
 
 def _compiled(launcher, args, constexprs, warps):
@@ -59,9 +63,12 @@ def _compiled(launcher, args, constexprs, warps):
                                options=dict(num_warps=warps, **launcher._options))
 
 
-def _triton36_launcher(src, compiled, c_launch):
-    """A ``CudaLauncher`` as Triton 3.6 builds it, its compiled C module replaced by ``c_launch``."""
+def _tritons_launcher(src, compiled, c_launch):
+    """A ``CudaLauncher`` as this Triton (3.6 or 3.7) builds it, its C launch function replaced by
+    ``c_launch``; under 3.7 its argument annotations and signature handle (C objects, which the C
+    function reads and DirectLaunch passes on untouched) are stand-in values."""
     runner = object.__new__(nvd.CudaLauncher)
+    runner.arg_annotations, runner.kernel_signature = ("annotations",), "signature handle"
     meta = compiled.metadata
     runner.num_ctas = getattr(meta, "num_ctas", 1)
     runner.launch = nvd.wrap_handle_tensordesc(c_launch, dict(src.signature), getattr(meta, "tensordesc_meta", None))
@@ -105,9 +112,13 @@ def _training_step_launches(fa, mods, monkeypatch) -> list:
 def main() -> int:
     parser = harness.arguments(__doc__)
     args = parser.parse_args()
-    if not triton.__version__.startswith("3.6."):
-        print(f"needs Triton 3.6 (the release DirectLaunch reproduces); this is {triton.__version__}")
+    release = triton.__version__[:4]
+    if release not in ("3.6.", "3.7."):
+        print(f"needs Triton 3.6 or 3.7 (the releases DirectLaunch reproduces); this is {triton.__version__}")
         return 2
+
+    def flat(call: list) -> list:  # Triton 3.7 hands the kernel's arguments over as one list, last
+        return call[:-1] + list(call[-1]) if release == "3.7." else call
     triton.runtime.driver.set_active(types.SimpleNamespace(utils=_RecordedEncode()))
     fa = load_flash_attn2()
     mods = {m: importlib.import_module(f"{fa.__name__}.{m}")
@@ -123,7 +134,7 @@ def main() -> int:
         grid, call_args = launch.grid, launch.args + launch.constexprs
         got = {}
         # functools.partial: like the C function it stands for, it has no __code__
-        runner = _triton36_launcher(src, kernel, functools.partial(lambda *a: got.__setitem__("triton", list(a))))
+        runner = _tritons_launcher(src, kernel, functools.partial(lambda *a: got.__setitem__("triton", list(a))))
         runner(grid[0], grid[1], grid[2], 7, 11, "packed-metadata", None, None, None, *call_args)
         runner.launch = nvd.wrap_handle_tensordesc(functools.partial(lambda *a: got.__setitem__("ours", list(a))),
                                                    dict(src.signature), getattr(kernel.metadata, "tensordesc_meta", None))
@@ -135,7 +146,7 @@ def main() -> int:
         direct(grid, 7, 11, "packed-metadata", call_args)
         direct(grid, 7, 11, "packed-metadata", call_args)  # the second launch: cached maps
         direct.verify(call_args)
-        ours, theirs = got["ours"], got["triton"]
+        ours, theirs = flat(got["ours"]), flat(got["triton"])
         same = len(ours) == len(theirs) and all(
             a is b or (not isinstance(a, torch.Tensor) and a == b) for a, b in zip(theirs, ours))
         rows.append(dict(row, arguments=len(ours),
@@ -143,8 +154,8 @@ def main() -> int:
                          identical="yes" if same else "NO"))
     same_count = sum(r["identical"] == "yes" for r in rows)
     path = harness.write_results(
-        "direct_launch_equivalence", rows,
-        title="DirectLaunch against Triton 3.6's own launcher: the C launch function's argument list",
+        "direct_launch_equivalence" + ("_triton37" if release == "3.7." else ""), rows,
+        title=f"DirectLaunch against Triton {triton.__version__}'s own launcher: the C launch function's argument list",
         columns={"case": "call", "kernel": "kernel", "arguments": "arguments", "maps": "TMA maps",
                  "identical": "identical to Triton's"},
         out_dir=args.out, commit=args.commit,

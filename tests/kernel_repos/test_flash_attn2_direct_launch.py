@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import triton37_launcher as t37
 from flash_ref import load_flash_attn2
 
 fa = load_flash_attn2()
@@ -95,7 +96,7 @@ def _descriptor(t, block=(1, 64, 1, 128)):
 @pytest.fixture
 def triton36(monkeypatch):
     """Triton 3.6 for DirectLaunch: its release check passes and the driver's encode is recorded."""
-    monkeypatch.setattr(launch, "_DIRECT_OK", True)
+    monkeypatch.setattr(launch, "_DIRECT_RELEASE", (3, 6))
     encoded = []
 
     def fill(*inputs):
@@ -171,14 +172,108 @@ def test_launchers_laid_out_otherwise_keep_tritons_path(triton36, change):
     assert launch.DirectLaunch.of(SimpleNamespace(run=runner)) is None
 
 
-def test_only_the_triton_release_it_was_checked_against_takes_it(monkeypatch):
+def test_only_the_triton_releases_it_was_checked_against_take_it(monkeypatch):
     import triton
 
     runner = CudaLauncher(CLaunch())
-    monkeypatch.setattr(launch, "_DIRECT_OK", None)
+    monkeypatch.setattr(launch, "_DIRECT_RELEASE", None)
     monkeypatch.setattr(launch, "DIRECT_TRITON", frozenset({(3, 6)}))
     on_36 = triton.__version__.startswith("3.6.")
     assert (launch.DirectLaunch.of(SimpleNamespace(run=runner)) is not None) == on_36
+    assert launch.DIRECT_TRITON == {(3, 6)}  # restored below by monkeypatch; the shipped set:
+    monkeypatch.undo()
+    assert launch.DIRECT_TRITON == {(3, 6), (3, 7)}
+
+
+# Triton 3.7: one C launch function for every kernel, the kernel's arguments as one list last
+@pytest.fixture
+def triton37(monkeypatch):
+    """Triton 3.7 for DirectLaunch: its release check passes and the driver's encode is recorded."""
+    monkeypatch.setattr(launch, "_DIRECT_RELEASE", (3, 7))
+    encoded = []
+
+    def fill(*inputs):
+        encoded.append(inputs)
+        return ("map", len(encoded))
+
+    driver_module = sys.modules["triton.runtime.driver"]
+    monkeypatch.setattr(driver_module, "driver", SimpleNamespace(active=SimpleNamespace(
+        utils=SimpleNamespace(fill_tma_descriptor_tiled=fill),
+        get_current_device=lambda: 0, get_current_stream=lambda device: 1234)))
+    return encoded
+
+
+def _descriptor37(t, tf32=False):
+    return SimpleNamespace(**vars(_descriptor(t)), round_f32_to_tf32=tf32)
+
+
+HEAD37 = [4, 2, 1, 1234, "function", False, False, "metadata", None, None, None, None, None, ("annotations",),
+          "signature handle"]
+
+
+def test_triton37_gets_the_list_its_own_wrapper_builds_with_each_map_encoded_once(triton37):
+    c_launch = CLaunch()
+    runner = t37.CudaLauncher(c_launch, indices=(0, 2), metas=[META, dict(META, swizzle=2)])
+    direct = launch.DirectLaunch.of(SimpleNamespace(run=runner))
+    assert type(direct) is launch.DirectLaunchList
+    q, k = _q(0), _q(1)
+    args = (_descriptor37(q), 5, _descriptor37(k), None, 1.5, True)
+    runner(4, 2, 1, 1234, "function", "metadata", None, None, None, *args)  # Triton's own path
+    direct((4, 2, 1), 1234, "function", "metadata", args)
+    direct((4, 2, 1), 1234, "function", "metadata", args)
+    theirs, ours, again = c_launch.calls
+    assert theirs[:15] == ours[:15] == HEAD37 and len(theirs) == len(ours) == 16
+    assert theirs[15] == [("map", 1), *q.shape, *q.stride(), 5, ("map", 2), *k.shape, *k.stride(), None, 1.5, True]
+    assert ours[15] == [("map", 3), *q.shape, *q.stride(), 5, ("map", 4), *k.shape, *k.stride(), None, 1.5, True]
+    assert ours == again and len(triton37) == 4  # the second direct launch reused the maps
+    assert triton37[0] == triton37[2] and triton37[1] == triton37[3]  # the same encodes as Triton's
+    direct.verify(args)
+
+
+def test_triton37_rounds_to_tf32_in_the_map_and_keys_the_map_on_it(triton37):
+    c_launch = CLaunch()
+    runner = t37.CudaLauncher(c_launch, indices=(0,), metas=[dict(META, elem_type=7, elem_size=4)])
+    direct = launch.DirectLaunch.of(SimpleNamespace(run=runner))
+    x = torch.zeros(2, 128, 4, 128)
+    for tf32 in (False, True, False):
+        direct((1, 1, 1), 1234, "function", "metadata", (_descriptor37(x, tf32), 3))
+    runner(1, 1, 1, 1234, "function", "metadata", None, None, None, _descriptor37(x, True), 3)
+    # two maps (rounded and not), not three; the rounded one as Triton encodes it (element type 11)
+    assert [inputs[3] for inputs in triton37] == [7, 11, 11]
+    assert triton37[1] == triton37[2]
+    direct.verify((_descriptor37(x, True), 3))
+
+
+def test_triton37_kernels_without_descriptors_pass_their_arguments_as_given(triton37):
+    c_launch = CLaunch()
+    runner = t37.CudaLauncher(c_launch)
+    direct = launch.DirectLaunch.of(SimpleNamespace(run=runner))
+    x = torch.zeros(8)
+    runner(4, 2, 1, 1234, "function", "metadata", None, None, None, x, 32, 0.5, 16)
+    direct((4, 2, 1), 1234, "function", "metadata", (x, 32, 0.5, 16))
+    theirs, ours = c_launch.calls
+    assert theirs == ours == HEAD37 + [(x, 32, 0.5, 16)]
+
+
+@pytest.mark.parametrize("change", ["scratch", "no annotations", "wrapper", "fp4"])
+def test_triton37_launchers_laid_out_otherwise_keep_tritons_path(triton37, change):
+    runner = t37.CudaLauncher(CLaunch(), indices=(0,), metas=[dict(META, fp4_padded=change == "fp4")],
+                              scratch=64 if change == "scratch" else 0)
+    if change == "no annotations":  # a 3.6-shaped launcher under a 3.7 release check
+        del runner.arg_annotations
+    if change == "wrapper":
+        runner.launch = lambda *args: None
+    assert launch.DirectLaunch.of(SimpleNamespace(run=runner)) is None
+
+
+def test_triton37_verify_raises_when_the_list_differs(triton37, monkeypatch):
+    compiled = SimpleNamespace(run=t37.CudaLauncher(CLaunch(), indices=(0,), metas=[META]))
+    args = (_descriptor37(_q()), 7, True)
+    launch.DirectLaunch.of(compiled).verify(args)
+    real = t37.make_tensordesc_arg
+    monkeypatch.setattr(t37, "make_tensordesc_arg", lambda arg, metadata: real(arg, dict(metadata, swizzle=0)))
+    with pytest.raises(RuntimeError, match="differs from Triton's"):
+        launch.DirectLaunch.of(compiled).verify(args)
 
 
 class _Compiled:

@@ -21,11 +21,11 @@ Under ``TRITON_INTERPRET=1``, with launch hooks installed (profilers), or on a T
 compiled kernels lack the expected attributes, every call takes Triton's own path.
 
 Direct launches (on by default; ``FLASH_ATTN2_DIRECT_LAUNCH=0`` turns them off; see
-:class:`DirectLaunch`): on a Triton whose CUDA launcher has the layout of Triton 3.6's, the cached
-path also skips Triton's Python wrapper around the C launch function, which re-encodes every host
-TMA descriptor on every launch, and hands the C function its final argument list with each
-descriptor's ``CUtensorMap`` encoded once per (address, shape, strides). On other Triton
-releases the cached path calls Triton's launcher as before.
+:class:`DirectLaunch`): on a Triton whose CUDA launcher has the layout of Triton 3.6's or 3.7's,
+the cached path also skips Triton's Python wrapper around the C launch function, which
+re-encodes every host TMA descriptor on every launch, and hands the C function its final
+argument list with each descriptor's ``CUtensorMap`` encoded once per (address, shape, strides).
+On other Triton releases the cached path calls Triton's launcher as before.
 
 Compiling: a cold kernel compiles on its first launch (seconds). :func:`compile_all` compiles
 several specialisations at once on a small thread pool (Triton's compiler releases the GIL for
@@ -294,39 +294,50 @@ DIRECT_LAUNCH = os.environ.get("FLASH_ATTN2_DIRECT_LAUNCH", "1") != "0"
 _TMAP_MEMO_MAX = 1024
 # Triton releases (major, minor) whose CUDA launcher DirectLaunch reproduces, checked against that
 # release's own wrapper (the C function's argument list identical on the Gluon and Triton
-# kernels' launches); later releases changed the C function's arguments.
-DIRECT_TRITON = frozenset({(3, 6)})
-_DIRECT_OK: Optional[bool] = None
+# kernels' launches, bench/results/direct_launch_equivalence*.md). 3.6 builds a C launch function
+# per kernel that takes the arguments spread out; 3.7 has one C function for every kernel that
+# takes them as one list after their annotations and signature; later releases changed the
+# wrapper again.
+DIRECT_TRITON = frozenset({(3, 6), (3, 7)})
+_DIRECT_RELEASE: Optional[Tuple[int, int]] = None  # (0, 0): this Triton is none of them
+TMA_TF32 = 11  # Triton 3.7's host element type for fp32 descriptors rounded to tf32
 
 
-def _direct_triton() -> bool:
-    global _DIRECT_OK
-    if _DIRECT_OK is None:
+def _direct_release() -> Optional[Tuple[int, int]]:
+    """This process's Triton release when DirectLaunch reproduces its launcher, else None."""
+    global _DIRECT_RELEASE
+    if _DIRECT_RELEASE is None:
         import triton
 
         from ._gluon_dispatch import triton_version_tuple
 
-        _DIRECT_OK = triton_version_tuple(triton.__version__) in DIRECT_TRITON
-    return _DIRECT_OK
+        release = triton_version_tuple(triton.__version__)
+        _DIRECT_RELEASE = release if release in DIRECT_TRITON else (0, 0)
+    return _DIRECT_RELEASE if _DIRECT_RELEASE in DIRECT_TRITON else None
 
 
 class DirectLaunch:
     """``DirectLaunch.of(compiled)(grid, stream, function, metadata, args)`` launches ``compiled``
-    as Triton 3.6's ``CudaLauncher.__call__`` would, without its Python layers; ``of`` returns
-    None for a compiled kernel whose launcher is laid out otherwise (then Triton's path runs).
+    as Triton's ``CudaLauncher.__call__`` would (Triton 3.6 or 3.7, :data:`DIRECT_TRITON`),
+    without its Python layers; ``of`` returns None for a compiled kernel whose launcher is laid
+    out otherwise (then Triton's path runs).
 
     Why: in a short training step the host issues launches more slowly than the GPU runs them.
-    Triton 3.6 wraps the C launch function in Python that walks every argument and, for each host
+    Triton wraps the C launch function in Python that walks every argument and, for each host
     ``TensorDescriptor``, encodes a ``CUtensorMap`` anew (``make_tensordesc_arg``), then calls it
     through ``CudaLauncher.__call__``, which builds two scratch closures per launch. Here the
     argument list is built with slices and each map is encoded once per (slot, address, shape,
-    strides, padding): the map holds nothing else (the slot fixes its element type, box and
-    swizzle), so a cached map is the one Triton would encode. ``verify(args)`` (the launch check
-    mode) compares the list with the one Triton's own expansion gives and raises RuntimeError
-    if they differ.
+    strides, padding, tf32 rounding): the map holds nothing else (the slot fixes its element
+    type, box and swizzle), so a cached map is the one Triton would encode. ``verify(args)`` (the
+    launch check mode) compares the list with the one Triton's own expansion gives and raises
+    RuntimeError if they differ.
     """
 
-    def __init__(self, c_launch, cooperative, pdl, plan, fill, expand_like_triton) -> None:
+    # Triton 3.6's layout; Triton 3.7's is DirectLaunchList below
+    _FILL = "fill_tma_descriptor"  # the driver utility that encodes a map
+    _TF32 = False  # whether a descriptor's round_f32_to_tf32 changes its map's element type
+
+    def __init__(self, c_launch, cooperative, pdl, plan, fill, expand_like_triton, runner=None) -> None:
         self._launch = c_launch
         self._head = (cooperative, pdl, None, None)  # no scratch buffers: of() checked
         self._plan = plan  # per descriptor slot: (position, swizzle, element size, host type, box)
@@ -336,8 +347,11 @@ class DirectLaunch:
 
     @classmethod
     def of(cls, compiled: Any) -> Optional["DirectLaunch"]:
-        if not _direct_triton():
+        release = _direct_release()
+        if release is None:
             return None
+        if cls is DirectLaunch and release == (3, 7):
+            return DirectLaunchList.of(compiled)
         runner = getattr(compiled, "run", None)
         try:
             launch = runner.launch
@@ -350,7 +364,7 @@ class DirectLaunch:
             return None
         code = getattr(launch, "__code__", None)
         if code is None:  # the C function itself: Triton wraps only launches with descriptors
-            return cls(launch, cooperative, pdl, (), None, None) if callable(launch) else None
+            return cls(launch, cooperative, pdl, (), None, None, runner) if callable(launch) else None
         if code.co_name != "inner" or set(code.co_freevars) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
             return None
         cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in launch.__closure__)))
@@ -363,6 +377,9 @@ class DirectLaunch:
             return None
         from triton.runtime.driver import driver
 
+        fill = getattr(driver.active.utils, cls._FILL, None)
+        if fill is None:
+            return None
         plan = tuple((p, m["swizzle"], m["elem_size"], to_host[m["elem_type"]], m["block_size"])
                      for p, m in zip(positions, metas))
 
@@ -372,8 +389,7 @@ class DirectLaunch:
                 out.extend(make_arg(a, metas[positions.index(i)]) if i in positions else (a,))
             return out
 
-        return cls(cells["launcher"], cooperative, pdl, plan, driver.active.utils.fill_tma_descriptor,
-                   expand_like_triton)
+        return cls(cells["launcher"], cooperative, pdl, plan, fill, expand_like_triton, runner)
 
     def _expand(self, args: tuple, fill: Optional[Callable] = None) -> list:
         # fill given (verify): every map encoded through it, none cached
@@ -384,10 +400,11 @@ class DirectLaunch:
             out += args[start:p]
             d = args[p]
             shape, strides, ptr = d.shape, d.strides, d.base.data_ptr()
-            key = (p, ptr, d.padding, *shape, *strides)
+            tf32 = self._TF32 and d.round_f32_to_tf32
+            key = (p, ptr, d.padding, tf32, *shape, *strides)
             tmap = maps.get(key) if maps is not None else None
             if tmap is None:
-                tmap = (fill or self._fill)(ptr, swizzle, size, kind, box, shape, strides,
+                tmap = (fill or self._fill)(ptr, swizzle, size, TMA_TF32 if tf32 else kind, box, shape, strides,
                                             1 if d.padding == "nan" else 0)
                 if maps is not None:
                     if len(maps) >= _TMAP_MEMO_MAX:
@@ -417,17 +434,44 @@ class DirectLaunch:
 
         ours = self._expand(args, fill=record)
         utils = driver.active.utils
-        real = utils.fill_tma_descriptor
-        utils.fill_tma_descriptor = record
+        real = getattr(utils, self._FILL)
+        setattr(utils, self._FILL, record)
         try:
             theirs = self._triton_expand(args)
         finally:
-            utils.fill_tma_descriptor = real
+            setattr(utils, self._FILL, real)
         same = len(ours) == len(theirs) and all(
             a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
             for a, b in zip(ours, theirs))
         if not same:
             raise RuntimeError(f"DirectLaunch: the argument list differs from Triton's: {ours} != {theirs}")
+
+
+class DirectLaunchList(DirectLaunch):
+    """:class:`DirectLaunch` for Triton 3.7, whose one C launch function serves every kernel: it
+    takes, after the grid, stream, function, launch flags, metadata, hooks and scratch buffers,
+    the launcher's argument annotations and signature handle, then the kernel's arguments as one
+    list (descriptors expanded, as in 3.6). Maps are encoded by ``fill_tma_descriptor_tiled``."""
+
+    _FILL = "fill_tma_descriptor_tiled"
+    _TF32 = True
+
+    def __init__(self, c_launch, cooperative, pdl, plan, fill, expand_like_triton, runner=None) -> None:
+        super().__init__(c_launch, cooperative, pdl, plan, fill, expand_like_triton, runner)
+        # after metadata: launch metadata, the two hooks, the two scratch buffers (none: of() checked)
+        self._flags = (cooperative, pdl)
+        self._tail = (runner.arg_annotations, runner.kernel_signature)
+
+    @classmethod
+    def of(cls, compiled: Any) -> Optional["DirectLaunch"]:
+        runner = getattr(compiled, "run", None)
+        if not (hasattr(runner, "arg_annotations") and hasattr(runner, "kernel_signature")):
+            return None
+        return super().of(compiled)
+
+    def __call__(self, grid: Tuple[int, int, int], stream: int, function: int, metadata: Any, args: tuple) -> None:
+        self._launch(grid[0], grid[1], grid[2], stream, function, *self._flags, metadata, None, None, None, None, None,
+                     *self._tail, self._expand(args) if self._plan else args)
 
 
 _POOL: Optional[ThreadPoolExecutor] = None
