@@ -93,10 +93,10 @@ def _descriptor(t, block=(1, 64, 1, 128)):
                            padding="zero")
 
 
-@pytest.fixture
-def triton36(monkeypatch):
-    """Triton 3.6 for DirectLaunch: its release check passes and the driver's encode is recorded."""
-    monkeypatch.setattr(launch, "_DIRECT_RELEASE", (3, 6))
+def _release(monkeypatch, release, fill_name):
+    """Play Triton ``release`` for DirectLaunch: its release check passes, and the driver's map
+    encode (``fill_name``) records its inputs and returns ("map", n); returns the records."""
+    monkeypatch.setattr(launch, "_DIRECT_RELEASE", release)
     encoded = []
 
     def fill(*inputs):
@@ -105,9 +105,15 @@ def triton36(monkeypatch):
 
     driver_module = sys.modules["triton.runtime.driver"]
     monkeypatch.setattr(driver_module, "driver", SimpleNamespace(active=SimpleNamespace(
-        utils=SimpleNamespace(fill_tma_descriptor=fill),
+        utils=SimpleNamespace(**{fill_name: fill}),
         get_current_device=lambda: 0, get_current_stream=lambda device: 1234)))
     return encoded
+
+
+@pytest.fixture
+def triton36(monkeypatch):
+    """Triton 3.6 for DirectLaunch (maps from ``fill_tma_descriptor``)."""
+    return _release(monkeypatch, (3, 6), "fill_tma_descriptor")
 
 
 def _q(seed=0):
@@ -188,19 +194,8 @@ def test_only_the_triton_releases_it_was_checked_against_take_it(monkeypatch):
 # Triton 3.7: one C launch function for every kernel, the kernel's arguments as one list last
 @pytest.fixture
 def triton37(monkeypatch):
-    """Triton 3.7 for DirectLaunch: its release check passes and the driver's encode is recorded."""
-    monkeypatch.setattr(launch, "_DIRECT_RELEASE", (3, 7))
-    encoded = []
-
-    def fill(*inputs):
-        encoded.append(inputs)
-        return ("map", len(encoded))
-
-    driver_module = sys.modules["triton.runtime.driver"]
-    monkeypatch.setattr(driver_module, "driver", SimpleNamespace(active=SimpleNamespace(
-        utils=SimpleNamespace(fill_tma_descriptor_tiled=fill),
-        get_current_device=lambda: 0, get_current_stream=lambda device: 1234)))
-    return encoded
+    """Triton 3.7 for DirectLaunch (maps from ``fill_tma_descriptor_tiled``)."""
+    return _release(monkeypatch, (3, 7), "fill_tma_descriptor_tiled")
 
 
 def _descriptor37(t, tf32=False):
