@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+import warnings
 
 import pytest
 import torch
@@ -458,3 +459,48 @@ def test_a_deferred_output_copy_is_waited_for_inside_the_next_tile(head_dim, tmp
         assert _bulk_stores_and_waits(later.stdout) == (0, 4)
     else:
         assert later.stdout == now.stdout
+
+
+def _untimed_release(monkeypatch):
+    """This process's Triton (which has Gluon's Hopper API) as a release the kernels were not timed
+    under: the measured list emptied, no opt-in set."""
+    _gluon_fwd()
+    monkeypatch.setattr(dispatch, "MEASURED_TRITON", frozenset())
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    monkeypatch.setattr(dispatch, "_UNTIMED_RELEASE", None)
+    monkeypatch.delenv(dispatch.GLUON_TRITON_ENV, raising=False)
+
+
+def test_an_untimed_release_is_named_with_the_opt_in_that_would_run_gluon(monkeypatch):
+    import triton
+
+    _untimed_release(monkeypatch)
+    assert not dispatch.gluon_available()
+    note = dispatch.untimed_release_note()
+    release = "%d.%d" % dispatch.triton_version_tuple(triton.__version__)
+    assert f"this is Triton {triton.__version__}" in note and f"FLASH_ATTN2_GLUON_TRITON={release}" in note
+    # opted in: Gluon runs, nothing to say
+    monkeypatch.setattr(dispatch, "_GLUON_AVAILABLE", None)
+    monkeypatch.setattr(dispatch, "_UNTIMED_RELEASE", None)
+    monkeypatch.setenv(dispatch.GLUON_TRITON_ENV, release)
+    assert dispatch.gluon_available() and dispatch.untimed_release_note() is None
+
+
+def test_an_sm90_bf16_call_under_an_untimed_release_warns_once_that_the_triton_kernels_run(monkeypatch):
+    _untimed_release(monkeypatch)
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    ag = importlib.import_module(fa.__name__ + "._autograd")
+    monkeypatch.setattr(ag, "_WARNED", set())
+    q = torch.randn(1, 300, 4, 128, dtype=torch.bfloat16)
+    dense = _opts(max_seqlen_q=None, max_seqlen_k=None)
+    monkeypatch.setattr(fwd, "capability_of", lambda device: (8, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an A100 has no Gluon kernels: nothing to say
+        assert not ag._gluon_wanted(q, q, q, None, None, None, dense)
+        assert not ag._gluon_wanted(q.half(), q.half(), q.half(), None, None, None, dense)
+    monkeypatch.setattr(fwd, "capability_of", lambda device: (9, 0))
+    with pytest.warns(RuntimeWarning, match="Triton kernels run.*FLASH_ATTN2_GLUON_TRITON"):
+        assert not ag._gluon_wanted(q, q, q, None, None, None, dense)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert not ag._gluon_wanted(q, q, q, None, None, None, dense)

@@ -93,6 +93,11 @@ def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
     plain = (seqused_k is None and alibi_slopes is None and not opts["dropout_p"]
              and not opts["softcap"] and tuple(opts["window_size"]) == (-1, -1))
     if not (plain and _gluon_dispatch.gluon_available()):
+        if plain and "gluon-release" not in _WARNED and q.dtype == torch.bfloat16 \
+                and _module("_triton_fwd").capability_of(q.device) == (9, 0):
+            note = _gluon_dispatch.untimed_release_note()
+            if note is not None:  # no silent step down to the slower kernels
+                _warn_once("gluon-release", note)
         return False
     seqlen_q = opts["max_seqlen_q"] if varlen else q.shape[1]
     # the layout check last: it reads every stride, and most calls are decided before it

@@ -75,19 +75,44 @@ def accepted_triton(environ: Optional[Mapping[str, str]] = None) -> frozenset:
 def gluon_available() -> bool:
     """Whether this process's Triton is a release in :func:`accepted_triton` with Gluon's Hopper
     API (cached). Raises ValueError for a malformed ``FLASH_ATTN2_GLUON_TRITON``."""
-    global _GLUON_AVAILABLE
+    global _GLUON_AVAILABLE, _UNTIMED_RELEASE
     if _GLUON_AVAILABLE is None:
         accepted = accepted_triton()
         try:
             import triton
 
             if triton_version_tuple(triton.__version__) not in accepted:
+                _UNTIMED_RELEASE = triton.__version__
                 raise ImportError(triton.__version__)
             from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
             _GLUON_AVAILABLE = True
         except ImportError:
             _GLUON_AVAILABLE = False
     return _GLUON_AVAILABLE
+
+
+_UNTIMED_RELEASE: Optional[str] = None
+
+
+def untimed_release_note() -> Optional[str]:
+    """Why the Gluon kernels are off when the only reason is the Triton release (it has Gluon's
+    Hopper API, but is not in :func:`accepted_triton`): a message saying what runs instead and how
+    to opt in; None otherwise (call after :func:`gluon_available`). Raises nothing."""
+    if _UNTIMED_RELEASE is None:
+        return None
+    try:  # a release without Gluon's Hopper API: opting in would change nothing
+        import importlib.util
+
+        if importlib.util.find_spec("triton.experimental.gluon.language.nvidia.hopper") is None:
+            return None
+    except Exception:  # its packages failed to import: the same
+        return None
+    release = "%d.%d" % triton_version_tuple(_UNTIMED_RELEASE)
+    timed = ", ".join("%d.%d" % r for r in sorted(MEASURED_TRITON))
+    return (f"flash_attn2: on sm90 the Gluon kernels, faster than the Triton ones at bf16, run only under the "
+            f"Triton releases they were checked and timed under ({timed}); this is Triton {_UNTIMED_RELEASE}, so the "
+            f"Triton kernels run. {GLUON_TRITON_ENV}={release} (set before the first call) runs the Gluon kernels "
+            f"under it anyway; they compile for it, but have not been timed on a GPU under it.")
 
 
 def wants_gluon(capability: Optional[Tuple[int, int]], gluon_ok: bool, head_dim: int, causal: bool,
