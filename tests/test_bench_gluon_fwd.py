@@ -74,3 +74,16 @@ def test_kernels_are_kept_by_name_and_an_unknown_name_is_refused(monkeypatch):
     gluon_fwd.keep_kernels(["gluon", "gluon_n64s8", "gluon_ds"], (64, 128))
     assert set(gluon_fwd.KERNELS[64]) == {"gluon", "gluon_n64s8", "gluon_ds"}
     assert set(gluon_fwd.KERNELS[128]) == {"gluon", "gluon_ds"}
+
+
+def test_the_gpu_scripts_variant_runs_name_kernels_the_benchmark_has():
+    # a misspelt name would cost a GPU run: every --kernels list in gpu_kernel.sh is checked against
+    # KERNELS at the head dims the same command gives
+    import re
+
+    script = (Path(__file__).resolve().parent.parent / "bench" / "gpu_kernel.sh").read_text().replace("\\\n", " ")
+    runs = re.findall(r"gluon_fwd\.py --kernels (\S+)\s+--head-dims (\S+)", script)
+    assert len(runs) >= 2
+    for names, head_dims in runs:
+        for d in map(int, head_dims.split(",")):
+            assert set(names.split(",")) <= set(gluon_fwd.KERNELS[d]), (d, names)
