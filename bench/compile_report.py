@@ -147,7 +147,7 @@ def summarise(intervals: List[tuple], caller: str, since: float = float("-inf"),
 
 
 def _probe(cache_dir: Path, threads: Optional[int] = None, phases: bool = False) -> dict:
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=str(harness.REPO_ROOT))
+    env = harness.child_env(TRITON_CACHE_DIR=str(cache_dir))
     env.pop("FLASH_ATTN2_COMPILE_THREADS", None)
     if threads is not None:
         env["FLASH_ATTN2_COMPILE_THREADS"] = str(threads)
@@ -206,7 +206,7 @@ def main() -> None:
             rows.append(dict(case=case, **{k: v for k, v in run.items() if k.endswith("_s")}))
         if args.phases:
             _write_phases(runs, args)
-        env = dict(os.environ, PYTHONPATH=str(harness.REPO_ROOT))
+        env = harness.child_env()
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "kernel_loader.cli", "warmup", "--into", str(prepared),
                         "--head-dims", str(SHAPE["head_dim"]), "--seqlens", str(SHAPE["seq"]),

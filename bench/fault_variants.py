@@ -91,7 +91,7 @@ def run_one(variant: Dict[str, Any], sizes: Dict[str, int], device: str) -> Dict
 
 
 def _child(variant: Dict[str, Any], smoke: bool) -> Dict[str, Any]:
-    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1", PYTHONPATH=str(harness.REPO_ROOT))
+    env = harness.child_env(CUDA_LAUNCH_BLOCKING="1")
     cmd = [sys.executable, __file__, "--child", json.dumps(variant)] + (["--smoke"] if smoke else [])
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600 if smoke else 120)

@@ -54,6 +54,9 @@ API (everything else here is private):
     commit) and ``<out_dir>/<bench>.json`` (the same plus ``extra``), overwriting both; returns
     the Markdown path. ``columns`` maps a row key to its column heading; floats are printed with
     4 significant digits (whole numbers from 10,000), ``None`` as a dash.
+``child_env(**extra) -> dict``
+    The environment for a child Python: the repository root ahead of the ``PYTHONPATH`` already
+    set (a Triton unpacked there stays in force), plus ``extra``.
 ``shipped_kernel(repo_id="kernels-community/flash-attn2")``
     The kernel shipped in ``kernel_repos/``, imported with ``kernel_loader.get_local_kernel``
     (no network, no cache).
@@ -278,6 +281,14 @@ def warm_gpu(seconds: float = 2.0) -> None:
         for _ in range(20):
             a @ a
         torch.cuda.synchronize()
+
+
+def child_env(**extra: str) -> dict:
+    """This process's environment for a child Python that imports the repository: the repository
+    root put on ``PYTHONPATH`` ahead of what is there (a Triton unpacked on ``PYTHONPATH``, as
+    ``gpu_kernel.sh``'s ``TRITON_OVERLAY`` puts it, stays in force), plus ``extra``."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
 
 
 def _git_commit() -> Optional[str]:

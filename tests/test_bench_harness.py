@@ -169,3 +169,14 @@ def test_host_phases_split_our_training_call_and_put_everything_back(harness, mo
     # the timers are gone afterwards
     assert (autograd._TritonAttention.__dict__["forward"], launch.Launcher.__call__, torch.empty,
             torch.empty_like) == before
+
+
+def test_a_child_python_gets_the_repository_ahead_of_a_triton_already_on_the_path(harness, monkeypatch):
+    # gpu_kernel.sh's TRITON_OVERLAY puts another Triton release on PYTHONPATH: a benchmark's child
+    # processes (compile_report's probes) must keep it, or they would time the installed release
+    monkeypatch.setenv("PYTHONPATH", "/unpacked/triton-3.7")
+    env = harness.child_env(TRITON_CACHE_DIR="/tmp/cache")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(harness.REPO_ROOT), "/unpacked/triton-3.7"]
+    assert env["TRITON_CACHE_DIR"] == "/tmp/cache" and env["HOME"] == os.environ["HOME"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert harness.child_env()["PYTHONPATH"] == str(harness.REPO_ROOT)
