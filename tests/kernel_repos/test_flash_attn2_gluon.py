@@ -201,7 +201,14 @@ def test_descriptors_are_what_the_constructor_builds():
     assert type(made) is type(built) and vars(made) == vars(built)
     # the check-free construction only where the descriptor has exactly the fields it fills
     fields = tuple(getattr(gf.TensorDescriptor, "__dataclass_fields__", ()))
-    assert gf._UNCHECKED_DESCRIPTORS == (fields == gf._DESCRIPTOR_FIELDS)
+    assert gf._UNCHECKED_DESCRIPTORS == (fields in (gf._DESCRIPTOR_FIELDS, gf._DESCRIPTOR_FIELDS_TF32))
+    # the releases the package runs under have one of the two layouts (3.6's; 3.7's and later's)
+    assert gf._UNCHECKED_DESCRIPTORS
+    # an fp32 descriptor (the backward's dQ buffer) alike, rounding to tf32 left off
+    acc = torch.zeros(256, 128, dtype=torch.float32)
+    layout = gf.gl.NVMMASharedLayout.get_default_for([64, 128], gf.gl.float32)
+    made = gf.make_descriptor(acc, list(acc.shape), list(acc.stride()), [64, 128], layout)
+    assert vars(made) == vars(gf.TensorDescriptor(acc, list(acc.shape), list(acc.stride()), [64, 128], layout))
 
 def _as_sm90_with_gluon(monkeypatch):
     """The autograd glue's view of a call as if on an H200 with the measured Triton (CPU tensors

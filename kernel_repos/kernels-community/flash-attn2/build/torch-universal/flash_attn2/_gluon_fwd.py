@@ -857,9 +857,14 @@ def _descriptor(t: torch.Tensor, rows: int, head_dim: int) -> TensorDescriptor:
 
 
 _DESCRIPTOR_FIELDS = ("base", "shape", "strides", "block_shape", "layout", "padding")
+# Triton 3.7 adds round_f32_to_tf32 (the constructor's default, False: the copy engine does not
+# round fp32 to tf32)
+_DESCRIPTOR_FIELDS_TF32 = _DESCRIPTOR_FIELDS + ("round_f32_to_tf32",)
+_FIELDS = tuple(getattr(TensorDescriptor, "__dataclass_fields__", ()))
+_TF32_FIELD = _FIELDS == _DESCRIPTOR_FIELDS_TF32
 # the check-free construction below fills exactly these fields: any other TensorDescriptor
 # (another Triton release) and the launch check mode go through its constructor
-_UNCHECKED_DESCRIPTORS = (tuple(getattr(TensorDescriptor, "__dataclass_fields__", ())) == _DESCRIPTOR_FIELDS
+_UNCHECKED_DESCRIPTORS = (_FIELDS in (_DESCRIPTOR_FIELDS, _DESCRIPTOR_FIELDS_TF32)
                           and os.environ.get("FLASH_ATTN2_LAUNCH_CHECK", "0") != "1")
 
 
@@ -879,6 +884,8 @@ def make_descriptor(base: Any, shape: List[int], strides: List[int], block_shape
     desc = object.__new__(TensorDescriptor)
     desc.base, desc.shape, desc.strides, desc.block_shape, desc.layout, desc.padding = (
         base, shape, strides, block_shape, layout, "zero")
+    if _TF32_FIELD:
+        desc.round_f32_to_tf32 = False
     return desc
 
 
