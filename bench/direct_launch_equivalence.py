@@ -25,10 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import driver as nvd
-from triton.compiler import ASTSource
-from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
@@ -46,21 +43,6 @@ class _RecordedEncode:
         return ("CUtensorMap", inputs)
 
     fill_tma_descriptor_tiled = fill_tma_descriptor  # Triton 3.7's
-
-
-def _compiled(launcher, args, constexprs, warps):
-    """``launcher``'s kernel compiled for sm90 as this launch specialises it: (source, compiled)."""
-    fn = launcher._fn
-    names = list(fn.arg_names)
-    constants = dict(zip(launcher._constexpr_names, constexprs))
-    values = dict(zip([n for n in names if n not in constants], args))
-    constants.update({n: None for n, a in values.items() if a is None})
-    signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
-    source_type = GluonASTSource if type(fn).__name__ == "GluonJITFunction" else ASTSource
-    src = source_type(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs)
-    return src, triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                               options=dict(num_warps=warps, **launcher._options))
 
 
 def _tritons_launcher(src, compiled, c_launch):
@@ -129,7 +111,7 @@ def main() -> int:
     for case, launch in cases:
         key = (id(launch.launcher), tuple(None if a is None else mangle_type(a) for a in launch.args), launch.constexprs)
         if key not in compiled:
-            compiled[key] = _compiled(launch.launcher, launch.args, launch.constexprs, launch.num_warps)
+            compiled[key] = harness.compile_launch(launch.launcher, launch.args, launch.constexprs, launch.num_warps)
         src, kernel = compiled[key]
         grid, call_args = launch.grid, launch.args + launch.constexprs
         got = {}

@@ -79,6 +79,9 @@ API (everything else here is private):
     overridable by name. Raises ValueError for a choice the kernel lacks.
 ``compile_gluon_backward(gb, head_dim, causal)``
     The dense Gluon dK/dV/dQ kernel of a ``_gluon_bwd`` module compiled for sm90 without a GPU.
+``compile_launch(launcher, args, constexprs, num_warps) -> (source, compiled)``
+    The kernel of one recorded launch of a ``_launch.Launcher`` compiled for sm90 without a GPU,
+    specialised as that launch would be.
 ``sass(cubin, *flags) -> str``, ``key_step(sass, head_dim, block_n) -> dict``
     A cubin's ``cuobjdump`` listing (``-sass``, ``-res-usage``); the Gluon forward's unmasked key
     loop read from a SASS listing, per key block: instructions, MUFU.EX2, emulated exponentials,
@@ -538,6 +541,30 @@ def compile_gluon_backward(gb: ModuleType, head_dim: int, causal: bool) -> Any:
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
     return triton.compile(GluonASTSource(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs),
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=gb.REGS[2]))
+
+
+def compile_launch(launcher: Any, args: tuple, constexprs: tuple, num_warps: int) -> tuple:
+    """The kernel of one launch of a ``_launch.Launcher`` (its runtime arguments and constexpr
+    values, as the package's host code builds them, on CPU tensors) compiled for sm90 with this
+    process's Triton, specialised as that launch would be (pointers 16-byte aligned, a None
+    pointer a constant): ``(source, compiled kernel)``. Raises what Triton raises."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    fn = launcher._fn
+    names = list(fn.arg_names)
+    constants = dict(zip(launcher._constexpr_names, constexprs))
+    values = dict(zip([n for n in names if n not in constants], args))
+    constants.update({n: None for n, a in values.items() if a is None})
+    signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
+    source_type = GluonASTSource if type(fn).__name__ == "GluonJITFunction" else ASTSource
+    src = source_type(fn, signature, {(names.index(n),): v for n, v in constants.items()}, attrs)
+    return src, triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options=dict(num_warps=num_warps, **launcher._options))
 
 
 def sass(cubin: bytes, *flags: str) -> str:

@@ -1,4 +1,4 @@
-"""bench/gluon_releases.py's comparison of one release's compiled kernel with another's: identical
+"""bench/triton_releases.py's comparison of one release's compiled kernel with another's: identical
 listings, and the opcodes whose counts moved (a predicated instruction counted by its opcode)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 def _script(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))  # bench/ is not a package
-    spec = importlib.util.spec_from_file_location("_bench_gluon_releases", BENCH / "gluon_releases.py")
+    spec = importlib.util.spec_from_file_location("_bench_triton_releases", BENCH / "triton_releases.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
