@@ -92,8 +92,12 @@ for _d in HEAD_DIMS:
 # (_gluon_fwd.DEFERRED_STORE; the same bits)
 for _d in (64, 128):
     KERNELS[_d].update(gluon_ds=dict(deferred_store=True))
+# head_dim 128 and 256: P converted to bf16 two values an instruction (_gluon_fwd.PACK_P: under
+# Triton 3.6 no PRMT half swaps, 32 / 16 a key step, bench/results/gluon_sass.md; the same bits)
+for _d in (128, 256):
+    KERNELS[_d].update(gluon_pk=dict(pack_p=True))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
-SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2", "deferred_store")
+SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2", "deferred_store", "pack_p")
 
 # The launches of the "strip" variants carry this num_stages (a Gluon kernel has no software
 # pipeliner, so the value changes nothing else): it keys them apart in Triton's caches and tells

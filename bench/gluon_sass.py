@@ -36,6 +36,9 @@ VARIANTS = {
     "d64 three consumers, unpinned": (64, False, dict(consumers=3, PIN_WAIT=False)),
     "d128 causal shipped": (128, True, {}),
     "d128 causal UNROLL2": (128, True, dict(UNROLL2=True)),
+    "d128 causal PACK_P": (128, True, dict(PACK_P=True)),
+    "d256 shipped": (256, False, {}),
+    "d256 PACK_P": (256, False, dict(PACK_P=True)),
 }
 
 

@@ -11,9 +11,9 @@
 # TRITON_OVERLAY=DIR: run every step under the Triton release unpacked in DIR (a folder holding `triton/`
 # and its dist-info, put ahead of the installed one on PYTHONPATH), with the Gluon kernels allowed under
 # it (FLASH_ATTN2_GLUON_TRITON): for checking and timing a release before it joins MEASURED_TRITON.
-# variants (not in the default list, about 300 s): bench/gluon_fwd.py timing the Gluon forward's off-by-default
-# choices (deferred store, exp2 emulation, two key blocks a trip, three consumers, 64-key tiles) beside the
-# shipped kernel at head_dim 64 and 128, into OUT/variants_d64 and OUT/variants_d128.
+# variants (not in the default list, about 380 s): bench/gluon_fwd.py timing the Gluon forward's off-by-default
+# choices (deferred store, exp2 emulation, two key blocks a trip, three consumers, 64-key tiles, P converted in
+# pairs) beside the shipped kernel at head_dim 64, 128 and 256, into OUT/variants_d64, _d128 and _d256.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.
@@ -45,8 +45,10 @@ want compile && step 100 python3 bench/compile_report.py --out "$RES" --commit "
 want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile --phases
 want variants && step 170 python3 bench/gluon_fwd.py --kernels gluon,gluon_ds,gluon_poly1,gluon_u2p1,gluon_c3u,gluon_n64 \
     --head-dims 64 --seqs 1024,4096,16384 --out "$RES/variants_d64" --commit "${COMMIT:-unknown}"
-want variants && step 130 python3 bench/gluon_fwd.py --kernels gluon,gluon_ds,gluon_poly1,gluon_u2 \
+want variants && step 150 python3 bench/gluon_fwd.py --kernels gluon,gluon_ds,gluon_poly1,gluon_u2,gluon_pk \
     --head-dims 128 --seqs 1024,4096,16384 --out "$RES/variants_d128" --commit "${COMMIT:-unknown}"
+want variants && step 60 python3 bench/gluon_fwd.py --kernels gluon,gluon_pk \
+    --head-dims 256 --seqs 4096,16384 --out "$RES/variants_d256" --commit "${COMMIT:-unknown}"
 want ncu && step 200 python3 bench/ncu_limits.py --out "$RES" --commit "${COMMIT:-unknown}"
 want ncusource && step 200 python3 bench/ncu_source.py --out "$RES" --commit "${COMMIT:-unknown}"
 want e2e && step 200 python3 bench/e2e_transformers.py --shape llama-3-8b --out "$RES" --commit "${COMMIT:-unknown}"

@@ -194,7 +194,7 @@ def sass_loops(sass: str) -> list:
 # A child script for run_compiling_child: the Gluon forward compiled for sm90 with the installed
 # Triton. argv[2:]: head_dim, causal, varlen, consumers (0/1 flags), then the per-head-dim choices
 # thread_arrive, pin_wait, tree_max ("1", "0" or "shipped"), "sass" for the machine code instead
-# of the PTX, lazy_rescale, exp2_poly (a count or "shipped"), unroll2, deferred_store.
+# of the PTX, lazy_rescale, exp2_poly (a count or "shipped"), unroll2, deferred_store, pack_p.
 GLUON_FWD_SM90_CHILD = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -219,6 +219,7 @@ exp2_poly = (gf.EXP2_POLY.get(head_dim, 0) if len(sys.argv) <= 11 or sys.argv[11
              else int(sys.argv[11]))  # of every 8 exponentials, how many on the FMA units
 unroll2 = choice(12, gf.UNROLL2)
 deferred_store = choice(13, gf.DEFERRED_STORE)
+pack_p = choice(14, gf.PACK_P)
 
 block_n, stages = gf.TILES[head_dim]
 regs = gf.REGS if consumers == 2 else gf.REGS_3
@@ -237,7 +238,7 @@ constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=not varlen,
                  CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
                  PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale,
-                 EXP2_POLY=exp2_poly, UNROLL2=unroll2, DEFERRED_STORE=deferred_store)
+                 EXP2_POLY=exp2_poly, UNROLL2=unroll2, DEFERRED_STORE=deferred_store, PACK_P=pack_p)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}

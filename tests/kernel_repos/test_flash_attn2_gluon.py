@@ -511,3 +511,39 @@ def test_an_sm90_bf16_call_under_an_untimed_release_warns_once_that_the_triton_k
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
         assert not ag._gluon_wanted(q, q, q, None, None, None, dense)
+
+
+def _unmasked_steps(sass: str, head_dim: int) -> list:
+    """(PRMT, F2FP) of each SASS loop that is an unmasked key step: one key block's wgmma (S in
+    head_dim/16 k-steps, P·V in BLOCK_N/16), its exponentials, and no masking select."""
+    gf = _gluon_fwd()
+    per_block = head_dim // 16 + gf.TILES[head_dim][0] // 16
+    steps = []
+    for body in sass_loops(sass):
+        wgmma = sum("HGMMA" in t for t in body)
+        if wgmma == per_block and any("MUFU.EX2" in t for t in body) and not any(t.split()[0].startswith("FSEL")
+                                                                                 for t in body):
+            steps.append((sum(t.split()[0].startswith("PRMT") for t in body), sum("F2FP" in t for t in body)))
+    return steps
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_p_converted_two_values_an_instruction_needs_no_half_swaps(head_dim, tmp_path):
+    # PACK_P (off until timed): converted one value at a time, P's pairs came out of ptxas with
+    # their halves swapped and were swapped back, one PRMT per register (Triton 3.6; later
+    # releases pair them themselves). In pairs: no swap, and as many conversions as before.
+    gf = _gluon_fwd()
+    assert head_dim not in gf.PACK_P
+    base = (head_dim, 0, 0, 2, "shipped", "shipped", "shipped")
+    rest = ("shipped", "shipped", "shipped", "shipped")
+    shipped = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "sass", *rest, "0"), tmp_path / "shipped")
+    paired = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "sass", *rest, "1"), tmp_path / "paired")
+    ptx = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "ptx", *rest, "1"), tmp_path / "ptx")
+    assert shipped.returncode == paired.returncode == ptx.returncode == 0, (paired.stderr[-3000:], ptx.stderr[-3000:])
+    before, after = _unmasked_steps(shipped.stdout, head_dim), _unmasked_steps(paired.stdout, head_dim)
+    assert before and after, (before, after)
+    assert all(prmt == 0 for prmt, _ in after)
+    assert sorted(f2fp for _, f2fp in after) == sorted(f2fp for _, f2fp in before)
+    # in the PTX every bf16 conversion is a paired one, P's through the kernel's own inline asm
+    assert "cvt.rn.bf16.f32" not in ptx.stdout
+    assert len(re.findall(r"begin inline asm\s*\n(?:\s*\.loc[^\n]*\n)?\s*cvt\.rn\.bf16x2\.f32", ptx.stdout)) >= 8

@@ -179,6 +179,12 @@ UNROLL2: frozenset = frozenset()
 # ones store without the copy engine). The same arithmetic, so the same bits. Not timed yet, so
 # no head dim takes it.
 DEFERRED_STORE: frozenset = frozenset()
+# head dims whose consumers convert P to bf16 two values at a time in one instruction
+# (cvt.rn.bf16x2.f32, inline PTX) instead of one at a time and then paired. Why: from the one-at-a-time
+# form ptxas packs each pair with its halves the wrong way round and swaps them back, one PRMT per
+# P register: 32 a key step at head_dim 128 and 16 at 256 (Triton 3.6; Triton 3.9 emits the paired
+# form itself). The same rounding, so the same bits; bf16 only (other dtypes convert as before).
+PACK_P: frozenset = frozenset()
 # the cubic 1 + C1 f + C2 f^2 + C3 f^3 ~ 2**f on [0, 1): minimax in relative error (Remez; the
 # coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon_exp2.py)
 EXP2_POLY_COEFFS = (0x3F31F32C, 0x3E691BC5, 0x3D9DD553)
@@ -487,11 +493,22 @@ def _take_turn(turns, r, W: gl.constexpr):
 
 
 @gluon.jit
+def _to_operand(pf, dtype: gl.constexpr, PACK: gl.constexpr):
+    """P (fp32) in ``dtype`` for the P·V matmul; with PACK (:data:`PACK_P`) and bf16, two values
+    an instruction (``cvt.rn.bf16x2.f32 d, hi, lo``: the pack's second value goes high)."""
+    if PACK and dtype == gl.bfloat16:
+        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [pf], dtype=gl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return pf.to(dtype)
+
+
+@gluon.jit
 def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0, diag,
           seqlen_k, qk_scale, s_layout: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           CAUSAL: gl.constexpr, HAS_PREV: gl.constexpr, KV_TOGETHER: gl.constexpr, W: gl.constexpr,
           PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-          LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr):
+          LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr, PACK_P: gl.constexpr):
     """Key block j (ring position c + j) for one consumer: S_j, then P_{j-1} V_{j-1} beside the
     softmax of S_j."""
     ROWS: gl.constexpr = q.shape[0]
@@ -523,7 +540,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
             # P_j into registers of its own before the wait (P_{j-1}'s are still being read), then
             # the wait behind the row sums; as a dependency of the wait below, the conversion
             # stays above it in the PTX too
-            p_next = gl.convert_layout(pf.to(p.dtype), p.type.layout)
+            p_next = gl.convert_layout(_to_operand(pf, p.dtype, PACK_P), p.type.layout)
             l_i = _after_softmax(l_i)
             acc, p_next = warpgroup_mma_wait(0, deps=(acc, p_next))
         else:
@@ -534,7 +551,7 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
     if PIN_WAIT and HAS_PREV:
         p = p_next
     else:
-        p = gl.convert_layout(pf.to(p.dtype), p.type.layout)
+        p = gl.convert_layout(_to_operand(pf, p.dtype, PACK_P), p.type.layout)
     return acc, p, m_new, l_i
 
 
@@ -555,7 +572,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
               THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
               LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr, UNROLL2: gl.constexpr,
-              DEFERRED_STORE: gl.constexpr):
+              DEFERRED_STORE: gl.constexpr, PACK_P: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -595,7 +612,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
         acc, p, m_i, l_i = _step(0, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i, row0,
                                  diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, False, KV_TOGETHER, W, PINGPONG,
-                                 THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
+                                 THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
         if DEFER:
             if i > 0:  # the previous tile's output has had a key block's time to leave
                 _hand_back_after_copy(q_empty.index(prev_qi))
@@ -604,25 +621,25 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
                 acc, p, m_i, l_i = _step(1 + 2 * j2, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc,
                                          p, m_i, l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True,
                                          KV_TOGETHER, W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE,
-                                         EXP2_POLY)
+                                         EXP2_POLY, PACK_P)
                 acc, p, m_i, l_i = _step(2 + 2 * j2, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc,
                                          p, m_i, l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True,
                                          KV_TOGETHER, W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE,
-                                         EXP2_POLY)
+                                         EXP2_POLY, PACK_P)
             if (n_full - 1) % 2 == 1:
                 acc, p, m_i, l_i = _step(n_full - 1, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc,
                                          p, m_i, l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True,
                                          KV_TOGETHER, W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE,
-                                         EXP2_POLY)
+                                         EXP2_POLY, PACK_P)
         else:
             for j in range(1, n_full):
                 acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i,
                                          l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER,
-                                         W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
+                                         W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
         for j in range(gl.maximum(n_full, 1), my_end):
             acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
                                      row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
-                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY)
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
         last = c + my_end - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
@@ -684,7 +701,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
                     PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr,
                     TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr,
-                    UNROLL2: gl.constexpr, DEFERRED_STORE: gl.constexpr):
+                    UNROLL2: gl.constexpr, DEFERRED_STORE: gl.constexpr, PACK_P: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -746,17 +763,17 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -767,12 +784,12 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -912,6 +929,7 @@ def gluon_attention_forward(
     exp2_poly: Optional[int] = None,
     unroll2: Optional[bool] = None,
     deferred_store: Optional[bool] = None,
+    pack_p: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -922,7 +940,8 @@ def gluon_attention_forward(
     (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
     ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
     names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`
-    and ``unroll2`` / ``deferred_store`` :data:`UNROLL2` / :data:`DEFERRED_STORE`.
+    and ``unroll2`` / ``deferred_store`` / ``pack_p`` :data:`UNROLL2` / :data:`DEFERRED_STORE` /
+    :data:`PACK_P`.
     Raises what Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
@@ -973,7 +992,8 @@ def gluon_attention_forward(
                   head_dim in LAZY_RESCALE if lazy_rescale is None else bool(lazy_rescale),
                   EXP2_POLY.get(head_dim, 0) if exp2_poly is None else int(exp2_poly),
                   head_dim in UNROLL2 if unroll2 is None else bool(unroll2),
-                  head_dim in DEFERRED_STORE if deferred_store is None else bool(deferred_store))
+                  head_dim in DEFERRED_STORE if deferred_store is None else bool(deferred_store),
+                  head_dim in PACK_P if pack_p is None else bool(pack_p))
     _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
