@@ -96,6 +96,11 @@ for _d in (64, 128):
 # Triton 3.6 no PRMT half swaps, 32 / 16 a key step, bench/results/gluon_sass.md; the same bits)
 for _d in (128, 256):
     KERNELS[_d].update(gluon_pk=dict(pack_p=True))
+# head_dim 64: the P·V wait unpinned (so P_j takes P_{j-1}'s registers: no moves) with P converted
+# in pairs (no PRMT): 421 instructions a key step against the shipped 464 (gluon_sass.md), with two
+# consumers and with three
+KERNELS[64].update(gluon_unpin_pk=dict(pin_wait=False, pack_p=True),
+                   gluon_c3u_pk=dict(consumers=3, pin_wait=False, pack_p=True))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
 SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2", "deferred_store", "pack_p")
 
