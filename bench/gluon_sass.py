@@ -37,6 +37,7 @@ VARIANTS = {
     "d64 three consumers, unpinned, PACK_P": (64, False, dict(consumers=3, PIN_WAIT=False, PACK_P=True)),
     "d64 unpinned": (64, False, dict(PIN_WAIT=False)),
     "d64 unpinned, PACK_P": (64, False, dict(PIN_WAIT=False, PACK_P=True)),
+    "d64 unpinned, PACK_P, EXP2_POLY 1": (64, False, dict(PIN_WAIT=False, PACK_P=True, EXP2_POLY=1)),
     "d128 causal shipped": (128, True, {}),
     "d128 causal UNROLL2": (128, True, dict(UNROLL2=True)),
     "d128 causal PACK_P": (128, True, dict(PACK_P=True)),
