@@ -112,7 +112,8 @@ def untimed_release_note() -> Optional[str]:
     return (f"flash_attn2: on sm90 the Gluon kernels, faster than the Triton ones at bf16, run only under the "
             f"Triton releases they were checked and timed under ({timed}); this is Triton {_UNTIMED_RELEASE}, so the "
             f"Triton kernels run. {GLUON_TRITON_ENV}={release} (set before the first call) runs the Gluon kernels "
-            f"under it anyway; they compile for it, but have not been timed on a GPU under it.")
+            f"under it anyway, not checked or timed on a GPU under it (kernel_loader's docs/performance.md, "
+            f"'Triton releases').")
 
 
 def wants_gluon(capability: Optional[Tuple[int, int]], gluon_ok: bool, head_dim: int, causal: bool,
