@@ -41,10 +41,12 @@ MEASURED_FASTER_VARLEN: Mapping[Tuple[int, bool], int] = {
     (256, True): 0,
 }
 
-# Triton releases (major, minor) the Gluon forward was checked and timed under. Gluon is
-# experimental: names changed after 3.6 (the kernel follows them) and Triton 3.10 turns FP
-# fusion off by default, so another release keeps the Triton kernel until it is measured too.
-MEASURED_TRITON: frozenset = frozenset({(3, 6)})
+# Triton releases (major, minor) the Gluon kernels were checked and timed under: 3.6 (torch 2.11)
+# and 3.7 (torch 2.12, 2.13; the GPU check, flash-attention's tests and the attention table under
+# Triton 3.7.1: bench/results/*_triton37.md). Gluon is experimental: names changed after 3.6 (the
+# kernel follows them) and Triton 3.10 turns FP fusion off by default, so another release keeps
+# the Triton kernel until it is measured too.
+MEASURED_TRITON: frozenset = frozenset({(3, 6), (3, 7)})
 # Further releases to run the Gluon kernels under anyway, "3.7" or "3.7,3.8" (read once, at the
 # first call): for checking and timing a release on a GPU before it joins MEASURED_TRITON
 # (bench/check_gpu.py and the benchmarks run under it), at one's own risk otherwise.
