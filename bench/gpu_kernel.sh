@@ -11,9 +11,11 @@
 # TRITON_OVERLAY=DIR: run every step under the Triton release unpacked in DIR (a folder holding `triton/`
 # and its dist-info, put ahead of the installed one on PYTHONPATH), with the Gluon kernels allowed under
 # it (FLASH_ATTN2_GLUON_TRITON): for checking and timing a release before it joins MEASURED_TRITON.
-# variants (not in the default list, about 430 s: run it on its own): bench/gluon_fwd.py timing the Gluon forward's off-by-default
+# variants / variants128 (not in the default list; each needs a call of its own: with 9 kernels at head_dim 64 the
+# timing outlasted 4 min): bench/gluon_fwd.py timing the Gluon forward's off-by-default
 # choices (deferred store, exp2 emulation, two key blocks a trip, three consumers, 64-key tiles, P converted in
-# pairs) beside the shipped kernel at head_dim 64, 128 and 256, into OUT/variants_d64, _d128 and _d256.
+# pairs) beside the shipped kernel, variants at head_dim 64 (OUT/variants_d64), variants128 at 128 and 256
+# (OUT/variants_d128, OUT/variants_d256).
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.
@@ -43,11 +45,11 @@ want decode && step 60 python3 bench/decode_merge.py --out "$RES" --commit "${CO
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
 want compile && step 100 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}" --phases
 want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile --phases
-want variants && step 240 python3 bench/gluon_fwd.py --kernels gluon,gluon_unpin_pk,gluon_unpin_pk_p1,gluon_c3u_pk,gluon_c3u,gluon_ds,gluon_poly1,gluon_u2p1,gluon_n64 \
+want variants && step 540 python3 bench/gluon_fwd.py --kernels gluon,gluon_unpin_pk,gluon_unpin_pk_p1,gluon_c3u_pk,gluon_c3u,gluon_ds,gluon_poly1,gluon_u2p1,gluon_n64 \
     --head-dims 64 --seqs 1024,4096,16384 --out "$RES/variants_d64" --commit "${COMMIT:-unknown}"
-want variants && step 150 python3 bench/gluon_fwd.py --kernels gluon,gluon_ds,gluon_poly1,gluon_u2,gluon_pk \
+want variants128 && step 360 python3 bench/gluon_fwd.py --kernels gluon,gluon_ds,gluon_poly1,gluon_u2,gluon_pk \
     --head-dims 128 --seqs 1024,4096,16384 --out "$RES/variants_d128" --commit "${COMMIT:-unknown}"
-want variants && step 60 python3 bench/gluon_fwd.py --kernels gluon,gluon_pk \
+want variants128 && step 180 python3 bench/gluon_fwd.py --kernels gluon,gluon_pk \
     --head-dims 256 --seqs 4096,16384 --out "$RES/variants_d256" --commit "${COMMIT:-unknown}"
 want ncu && step 200 python3 bench/ncu_limits.py --out "$RES" --commit "${COMMIT:-unknown}"
 want ncusource && step 200 python3 bench/ncu_source.py --out "$RES" --commit "${COMMIT:-unknown}"
