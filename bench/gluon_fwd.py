@@ -1,8 +1,9 @@
 """Gluon sm90 forward kernels beside the Triton forward, SDPA cuDNN and SDPA flash, in one GPU run.
 
 ``gluon`` is the shipped warp-specialised kernel (``_gluon_fwd``: a producer warp, two consumer
-warpgroups of 64 query rows each) at its shipped tile; the other ``gluon_…`` columns are
-(BLOCK_N, STAGES) tiles tried beside it. First checks each of them (fresh random inputs,
+warpgroups of 64 query rows each, three for non-causal head_dim 64: ``_gluon_fwd.NON_CAUSAL``) at
+its shipped tile; the other ``gluon_…`` columns are tiles and choices tried beside it, each a
+change to what the shipped call takes. First checks each of them (fresh random inputs,
 recycled-NaN output memory, float64 reference): out and lse on ragged lengths,
 seqlen_q != seqlen_k (bottom-right causal), rows with no key, GQA, transformers' ``[B, H, S, D]``
 view; then the gradients of ``flash_attn_func`` with the dispatched Gluon forward under the Triton
@@ -52,7 +53,7 @@ KERNELS[64].update(gluon_n64=dict(tile=(64, 4)), gluon_n64s8=dict(tile=(64, 8)))
 # registers does not fit in the 160 a thread three consumers leave, and the kernel spills (120 B
 # of stack, bench/results/gluon_sass.md); unpinned it had measured 1.00-1.03x two unpinned consumers at 4k-16k
 # (gluon_fwd_d64_consumers.md)
-KERNELS[64].update(gluon_c3u=dict(consumers=3, pin_wait=False))
+KERNELS[64].update(gluon_c3u=dict(consumers=3, pin_wait=False, pack_p=False))
 # every head dim: K and V of a ring slot handed back in one arrival once P·V of that block is done
 # (_gluon_fwd.KV_TOGETHER), beside the shipped K-after-S / V-after-P·V arrivals; and the two
 # consumers taking turns issuing their matmuls (FlashAttention-3's ping-pong, _gluon_fwd.PINGPONG)
@@ -99,12 +100,15 @@ for _d in (128, 256):
 # head_dim 64: the P·V wait unpinned (so P_j takes P_{j-1}'s registers: no moves) with P converted
 # in pairs (no PRMT): 421 instructions a key step against the shipped 464 (gluon_sass.md), with two
 # consumers and with three
-KERNELS[64].update(gluon_unpin_pk=dict(pin_wait=False, pack_p=True),
+KERNELS[64].update(gluon_unpin_pk=dict(consumers=2, pin_wait=False, pack_p=True),
                    gluon_c3u_pk=dict(consumers=3, pin_wait=False, pack_p=True))
 # ... and 1 of 8 exponentials on the FMA units besides: 478 instructions and 58 MUFU.EX2 a step, the
 # issue slots (~956 a scheduler) and the exp2 unit's clocks (~928) about even, where the shipped
 # kernel's exp2 unit (~1,056 clocks) bounds its ~928 issue slots (NOTES)
-KERNELS[64].update(gluon_unpin_pk_p1=dict(pin_wait=False, pack_p=True, exp2_poly=1))
+KERNELS[64].update(gluon_unpin_pk_p1=dict(consumers=2, pin_wait=False, pack_p=True, exp2_poly=1))
+# head_dim 64: the two consumers with the pinned wait, what non-causal calls ran before they took
+# _gluon_fwd.NON_CAUSAL's three (causal calls still run it: there it is "gluon")
+KERNELS[64].update(gluon_c2=dict(consumers=2, pin_wait=True, pack_p=False))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
 SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2", "deferred_store", "pack_p")
 

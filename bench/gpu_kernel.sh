@@ -45,7 +45,7 @@ want decode && step 60 python3 bench/decode_merge.py --out "$RES" --commit "${CO
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
 want compile && step 100 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}" --phases
 want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile --phases
-want variants && step 540 python3 bench/gluon_fwd.py --kernels gluon,gluon_unpin_pk,gluon_unpin_pk_p1,gluon_c3u_pk,gluon_c3u,gluon_ds,gluon_poly1,gluon_u2p1,gluon_n64 \
+want variants && step 540 python3 bench/gluon_fwd.py --kernels gluon,gluon_c2,gluon_poly1,gluon_ds,gluon_unpin_pk_p1 \
     --head-dims 64 --seqs 1024,4096,16384 --out "$RES/variants_d64" --commit "${COMMIT:-unknown}"
 want variants128 && step 360 python3 bench/gluon_fwd.py --kernels gluon,gluon_ds,gluon_poly1,gluon_u2,gluon_pk \
     --head-dims 128 --seqs 1024,4096,16384 --out "$RES/variants_d128" --commit "${COMMIT:-unknown}"

@@ -73,10 +73,11 @@ API (everything else here is private):
 ``with_setting(module, name, value, call)``
     ``call()`` with ``module.name`` set to ``value`` for its duration (a kernel module's setting
     read per call).
-``compile_gluon_forward(gf, head_dim, causal, *, tile=None, consumers=2, **choices)``
+``compile_gluon_forward(gf, head_dim, causal, *, tile=None, consumers=None, **choices)``
     The dense Gluon forward of a ``_gluon_fwd`` module compiled for sm90 without a GPU (Triton's
-    compiled kernel: ``.asm["ptx"]``, ``.asm["cubin"]``), the package's per-head-dim choices
-    overridable by name. Raises ValueError for a choice the kernel lacks.
+    compiled kernel: ``.asm["ptx"]``, ``.asm["cubin"]``), with the consumers and per-head-dim
+    choices a dense call of the package takes, each overridable by name. Raises ValueError for a
+    choice the kernel lacks.
 ``compile_gluon_backward(gb, head_dim, causal)``
     The dense Gluon dK/dV/dQ kernel of a ``_gluon_bwd`` module compiled for sm90 without a GPU.
 ``compile_launch(launcher, args, constexprs, num_warps) -> (source, compiled)``
@@ -470,12 +471,13 @@ def with_setting(decode, name, value, call):
 
 
 def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: Optional[tuple] = None,
-                          consumers: int = 2, **choices: Any) -> Any:
+                          consumers: Optional[int] = None, **choices: Any) -> Any:
     """The dense persistent Gluon forward of the kernel module ``gf`` (``_gluon_fwd``) compiled for
     sm90 with this process's Triton, no GPU needed: Triton's compiled kernel (``.asm["ptx"]``,
-    ``["cubin"]``). ``tile`` (BLOCK_N, STAGES) defaults to the shipped one; the per-head-dim
-    choices (``PIN_WAIT=True``, ``EXP2_POLY=1``, ...) default to the package's and may be set by
-    name; a choice an older package's kernel lacks is left out, so two versions compile alike.
+    ``["cubin"]``). ``tile`` (BLOCK_N, STAGES) defaults to the shipped one; ``consumers`` and the
+    per-head-dim choices (``PIN_WAIT=True``, ``EXP2_POLY=1``, ...) default to what the package's
+    dense call takes (its ``NON_CAUSAL`` choices included) and may be set by name; a choice an
+    older package's kernel lacks is left out, so two versions compile alike.
     Raises what Triton raises."""
     import torch
     import triton
@@ -484,6 +486,11 @@ def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: 
     from triton.runtime.jit import mangle_type
 
     fn = gf._gluon_attn_fwd
+    preset = {} if causal else getattr(gf, "NON_CAUSAL", {}).get(head_dim, {})
+    consumers = consumers or preset.get("consumers") or getattr(gf, "CONSUMERS", {}).get(head_dim, 2)
+    for name in ("pin_wait", "pack_p"):
+        if name in preset:
+            choices.setdefault(name.upper(), preset[name])
     block_n, stages = tile or gf.TILES[head_dim]
     regs = gf.REGS if consumers == 2 else gf.REGS_3
     t = torch.empty(2, 256, 4, head_dim, dtype=torch.bfloat16)  # descriptors read only its shape and strides

@@ -10,6 +10,7 @@ the installed Triton to see the Hopper instructions it is built on.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import re
 import warnings
@@ -547,3 +548,60 @@ def test_p_converted_two_values_an_instruction_needs_no_half_swaps(head_dim, tmp
     # in the PTX every bf16 conversion is a paired one, P's through the kernel's own inline asm
     assert "cvt.rn.bf16.f32" not in ptx.stdout
     assert len(re.findall(r"begin inline asm\s*\n(?:\s*\.loc[^\n]*\n)?\s*cvt\.rn\.bf16x2\.f32", ptx.stdout)) >= 8
+
+
+def _launched_choices(monkeypatch, gf, head_dim: int, causal: bool, **kwargs) -> dict:
+    """The constexpr choices the Gluon forward hands its launcher for a dense bf16 call of this
+    head dim (the launch itself needs an sm90 GPU; here the launcher only records)."""
+    launched = []
+    names = tuple(p.name for p in gf._gluon_attn_fwd.params if p.is_constexpr)
+    monkeypatch.setattr(gf, "_LAUNCHERS", {key: (lambda grid, args, constexprs, warps, stages:
+                                                 launched.append(dict(zip(names, constexprs))))
+                                           for key in gf._LAUNCHERS})
+    monkeypatch.setattr(gf, "_sm_count", lambda device: 132)
+    q, k, v = (torch.randn(2, 512, 4, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    gf.gluon_attention_forward(q, k, v, softmax_scale=head_dim ** -0.5, causal=causal, **kwargs)
+    assert len(launched) == 1
+    return launched[0]
+
+
+def test_non_causal_head_dim_64_runs_three_consumers_unpinned_with_p_in_pairs(monkeypatch):
+    # measured 1.00 / 1.05 / 1.06x the two pinned consumers at 1k / 4k / 16k non-causal, and
+    # 0.70 / 0.91 / 1.04x causal (bench/results/gluon_fwd_d64_c3pk.md): only non-causal takes it
+    gf = _gluon_fwd()
+    assert gf.NON_CAUSAL[64] == dict(consumers=3, pin_wait=False, pack_p=True)
+    non_causal = _launched_choices(monkeypatch, gf, 64, False)
+    assert (non_causal["CONSUMERS"], non_causal["PIN_WAIT"], non_causal["PACK_P"]) == (3, False, True)
+    assert (non_causal["CONSUMER_REGS"], non_causal["PRODUCER_REGS"]) == gf.REGS_3[:2]
+    causal = _launched_choices(monkeypatch, gf, 64, True)
+    assert (causal["CONSUMERS"], causal["PIN_WAIT"], causal["PACK_P"]) == (2, True, False)
+    # a keyword given to the call wins over the preset (benchmarks time the other choices so)
+    two = _launched_choices(monkeypatch, gf, 64, False, consumers=2, pin_wait=True, pack_p=False)
+    assert (two["CONSUMERS"], two["PIN_WAIT"], two["PACK_P"]) == (2, True, False)
+    # the other head dims keep their defaults either way
+    d128 = _launched_choices(monkeypatch, gf, 128, False)
+    assert (d128["CONSUMERS"], d128["PIN_WAIT"]) == (2, 128 in gf.PIN_WAIT)
+
+
+def test_every_non_causal_preset_names_only_choices_the_forward_takes():
+    gf = _gluon_fwd()
+    for head_dim, preset in gf.NON_CAUSAL.items():
+        assert head_dim in gf.TILES
+        assert set(preset) <= {"consumers", "pin_wait", "pack_p"}, preset
+        assert preset.get("consumers", 2) in (2, 3)
+        # three consumers spill with the pinned wait (bench/results/gluon_sass.md)
+        assert not (preset.get("consumers") == 3 and preset.get("pin_wait", head_dim in gf.PIN_WAIT))
+
+
+def test_three_unpinned_consumers_with_p_in_pairs_compile_without_half_swaps(tmp_path):
+    # the non-causal head_dim 64 kernel as shipped: no PRMT half swaps in its key steps. Under the
+    # releases it runs under (3.6, 3.7) nothing spills either (bench/results/triton_releases.md);
+    # Triton 3.9's ptxas spills it (~70 stack stores), one reason 3.9 keeps the Triton kernels
+    _gluon_fwd()
+    done = run_compiling_child(GLUON_FWD_SM90_CHILD, (64, 0, 0, 3, "shipped", "0", "shipped", "sass",
+                                                      "shipped", "shipped", "shipped", "shipped", "1"), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = _unmasked_steps(done.stdout, 64)
+    assert steps and all(prmt == 0 for prmt, _ in steps), steps
+    if dispatch.triton_version_tuple(importlib.metadata.version("triton")) in dispatch.MEASURED_TRITON:
+        assert "STL " not in done.stdout  # nothing spilled to local memory

@@ -19,9 +19,9 @@ from typing import Mapping, Optional, Tuple
 
 # (head_dim, causal) -> the fewest query tokens per sequence from which the Gluon forward
 # measured faster than the Triton forward on the H200 (1k/4k/16k rows, bench/results/gluon_fwd.md:
-# 1.02-1.30x at head_dim 128, 1.24-1.36x at 256). head_dim 64, with its P·V wait kept after the
-# softmax (_gluon_fwd.PIN_WAIT): non-causal 0.99-1.07x (bench/results/gluon_fwd_pin_wait.md and
-# attention.md); causal 0.80x at 1k and 0.93x at 2k, 1.01-1.07x from 4k in four runs
+# 1.02-1.30x at head_dim 128, 1.24-1.36x at 256). head_dim 64: non-causal, three consumers
+# (_gluon_fwd.NON_CAUSAL) 1.06-1.08x (bench/results/gluon_fwd_d64_c3pk.md; two consumers with the
+# pinned P·V wait had measured 0.99-1.07x, gluon_fwd_pin_wait.md); causal, two consumers 0.80x at 1k and 0.93x at 2k, 1.01-1.07x from 4k in four runs
 # (gluon_fwd_pin_wait.md, gluon_fwd_d64_2k.md, gluon_fwd_d64_variants.md).
 MEASURED_FASTER: Mapping[Tuple[int, bool], int] = {
     (64, False): 0,

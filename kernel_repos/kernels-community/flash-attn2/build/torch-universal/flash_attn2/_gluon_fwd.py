@@ -185,6 +185,15 @@ DEFERRED_STORE: frozenset = frozenset()
 # P register: 32 a key step at head_dim 128 and 16 at 256 (Triton 3.6; Triton 3.9 emits the paired
 # form itself). The same rounding, so the same bits; bf16 only (other dtypes convert as before).
 PACK_P: frozenset = frozenset()
+# head_dim -> the choices a dense non-causal call takes instead of the head dim's defaults above
+# (forward's keywords consumers, pin_wait, pack_p; a keyword given to forward wins). head_dim 64:
+# three consumers (192-row tiles), the P·V wait unpinned (pinned, three consumers spill) and P
+# converted in pairs: 1.00 / 1.05 / 1.06x the two pinned consumers at 1k / 4k / 16k, 0.95 / 1.01 /
+# 1.03x SDPA cuDNN (bench/results/gluon_fwd_d64_c3pk.md; three consumers unpinned without
+# PACK_P: 0.98 / 1.01 / 1.01x). Causal calls keep two consumers: there the larger tile masks more
+# of each diagonal and measured 0.70 / 0.91 / 1.04x. The same arithmetic per row as the shipped
+# kernel, so the same bits (checked there).
+NON_CAUSAL: dict = {64: dict(consumers=3, pin_wait=False, pack_p=True)}
 # the cubic 1 + C1 f + C2 f^2 + C3 f^3 ~ 2**f on [0, 1): minimax in relative error (Remez; the
 # coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon_exp2.py)
 EXP2_POLY_COEFFS = (0x3F31F32C, 0x3E691BC5, 0x3D9DD553)
@@ -964,6 +973,11 @@ def gluon_attention_forward(
     block_n, stages = tile or call_tile(head_dim, causal, max(seqlen_q, seqlen_k), varlen)
     if batch == 0 or seqlen_q == 0:
         return out, lse
+    if not causal and not varlen and head_dim in NON_CAUSAL:
+        preset = NON_CAUSAL[head_dim]
+        consumers = preset.get("consumers") if consumers is None else consumers
+        pin_wait = preset.get("pin_wait") if pin_wait is None else pin_wait
+        pack_p = preset.get("pack_p") if pack_p is None else pack_p
     consumers = consumers or CONSUMERS.get(head_dim, 2)
     tile_m = consumers * ROWS
     n_m = (seqlen_q + tile_m - 1) // tile_m  # not triton.cdiv: a jit-wrapped helper, µs a call
