@@ -4,7 +4,7 @@
 # and without a prepared compile cache (and where its seconds go), the host time per call, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
 # STEPS picks a subset (default: all; the limits in seconds keep a run inside a time budget).
 #
-#   COMMIT=<sha> [STEPS="warm check launchcheck attention varlen decode tests compile host e2e"] [TRITON_OVERLAY=DIR] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
+#   COMMIT=<sha> [STEPS="warm check launchcheck attention varlen decode tests compile host e2e"] [TRITON_OVERLAY=DIR] [PACK=FILE] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
 #
 # launchcheck: the same check with every cached launch cross-checked against Triton's own choice of kernel
 # and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), into OUT/launch_check.
@@ -32,7 +32,10 @@ if [[ -n "${TRITON_OVERLAY:-}" ]]; then
     echo "=== Triton $(python3 -c 'import triton; print(triton.__version__, triton.__file__)'), Gluon allowed under $FLASH_ATTN2_GLUON_TRITON"
 fi
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit" "$@" || echo "=== FAILED ($?): $*"; }
+# PACK=FILE: after every step, the whole of OUT packed into FILE (a .tar.gz outside OUT), so that a
+# run whose output is more files than come back, or one stopped mid-way, still returns every result
+pack() { if [[ -n "${PACK:-}" ]]; then tar czf "$PACK" -C "$RES" . || echo "=== packing into $PACK failed"; fi; }
+step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit" "$@" || echo "=== FAILED ($?): $*"; pack; }
 # Compile every kernel the attention table needs in parallel first (both packages): the timing
 # scripts then load them from the cache instead of compiling one at a time.
 want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
