@@ -486,7 +486,7 @@ def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: 
     from triton.runtime.jit import mangle_type
 
     fn = gf._gluon_attn_fwd
-    preset = {} if causal else getattr(gf, "NON_CAUSAL", {}).get(head_dim, {})
+    preset = gf.call_choices(head_dim, causal, False) if hasattr(gf, "call_choices") else {}
     consumers = consumers or preset.get("consumers") or getattr(gf, "CONSUMERS", {}).get(head_dim, 2)
     for name in ("pin_wait", "pack_p"):
         if name in preset:

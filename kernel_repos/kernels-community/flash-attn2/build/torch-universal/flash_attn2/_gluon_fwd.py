@@ -194,6 +194,14 @@ PACK_P: frozenset = frozenset()
 # of each diagonal and measured 0.70 / 0.91 / 1.04x. The same arithmetic per row as the shipped
 # kernel, so the same bits (checked there).
 NON_CAUSAL: dict = {64: dict(consumers=3, pin_wait=False, pack_p=True)}
+
+
+def call_choices(head_dim: int, causal: bool, varlen: bool) -> dict:
+    """The :data:`NON_CAUSAL` choices a call of this kind takes: a dense non-causal call's at its
+    head dim, none for causal or packed calls. Raises nothing."""
+    return {} if causal or varlen else NON_CAUSAL.get(head_dim, {})
+
+
 # the cubic 1 + C1 f + C2 f^2 + C3 f^3 ~ 2**f on [0, 1): minimax in relative error (Remez; the
 # coefficients rounded to float32, checked in tests/kernel_repos/test_flash_attn2_gluon_exp2.py)
 EXP2_POLY_COEFFS = (0x3F31F32C, 0x3E691BC5, 0x3D9DD553)
@@ -973,8 +981,8 @@ def gluon_attention_forward(
     block_n, stages = tile or call_tile(head_dim, causal, max(seqlen_q, seqlen_k), varlen)
     if batch == 0 or seqlen_q == 0:
         return out, lse
-    if not causal and not varlen and head_dim in NON_CAUSAL:
-        preset = NON_CAUSAL[head_dim]
+    preset = call_choices(head_dim, causal, varlen)
+    if preset:
         consumers = preset.get("consumers") if consumers is None else consumers
         pin_wait = preset.get("pin_wait") if pin_wait is None else pin_wait
         pack_p = preset.get("pack_p") if pack_p is None else pack_p
