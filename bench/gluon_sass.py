@@ -28,6 +28,7 @@ import harness
 VARIANTS = {
     "d64 shipped (three consumers, unpinned, PACK_P)": (64, False, {}),
     "d64 causal shipped": (64, True, {}),
+    "d64 shipped + EXP2_POLY 1": (64, False, dict(EXP2_POLY=1)),
     "d64 two consumers, pinned wait": (64, False, dict(consumers=2, PIN_WAIT=True, PACK_P=False)),
     "d64 EXP2_POLY 1": (64, False, dict(consumers=2, PIN_WAIT=True, PACK_P=False, EXP2_POLY=1)),
     "d64 EXP2_POLY 2": (64, False, dict(consumers=2, PIN_WAIT=True, PACK_P=False, EXP2_POLY=2)),
