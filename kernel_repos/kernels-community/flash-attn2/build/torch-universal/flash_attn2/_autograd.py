@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _gluon_dispatch, _launch, _torch_impl, _validate
+from . import _compiled, _gluon_dispatch, _launch, _torch_impl, _validate
 from ._lazy import module as _module
 
 _WARNED = set()
@@ -24,7 +24,11 @@ _CUDA_BACKENDS: dict = {}  # device -> backend: the answer cannot change within 
 
 def backend_for(t: torch.Tensor) -> str:
     """"gpu", "interpreter" or "torch": which implementation serves tensors like ``t``."""
-    device = t.device
+    return backend_of(t.device)
+
+
+def backend_of(device: torch.device) -> str:
+    """:func:`backend_for` tensors on ``device``."""
     if device.type == "cuda":
         backend = _CUDA_BACKENDS.get(device)
         if backend is None:
@@ -48,6 +52,17 @@ def _cuda_backend(device: torch.device) -> str:
         )
         return "torch"
     return "gpu"
+
+
+def _backend_when_compiling(device_type: str, index: Optional[int]) -> str:
+    # torch.compile cannot trace the capability query; the answer is fixed per device and process
+    return backend_of(torch.device(device_type, index))
+
+
+# torch.compiler.assume_constant_result(_backend_when_compiling), written out: the decorator's
+# module imports torch._dynamo, and with it Triton (a second at the package's import); setting
+# this attribute is all it does (tests/kernel_repos/test_flash_attn2_compiled.py checks that)
+_backend_when_compiling._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _warn_once(key, msg: str) -> None:
@@ -145,6 +160,8 @@ def decode_heads_first(
     """
     # Why a second entry: in eager decoding every layer pays the host cost of this call, and the
     # three transposed views flash-attn's layout needs cost more than the rest of the checks.
+    if torch.compiler.is_compiling():  # the views cost nothing in a compiled graph: the caller's
+        return None  # flash_attn_func then reaches the operator of _compiled
     qs, ks = q.shape, k.shape
     softcap = 0.0 if softcap is None else softcap
     if not (len(qs) == 4 and len(ks) == 4 and ks == v.shape and qs[0] == ks[0] and qs[3] == ks[3]
@@ -268,6 +285,17 @@ def attention(
         softmax_scale = q.shape[-1] ** -0.5
     elif not 0.0 < softmax_scale < _INF:
         _validate.check_softmax_scale(softmax_scale)
+    if torch.compiler.is_compiling():
+        # traced by torch.compile: the kernels as one opaque operator (_compiled); the PyTorch
+        # path below is plain torch operations, which the compiler traces as they are
+        backend = _backend_when_compiling(q.device.type, q.device.index)
+        if backend != "torch":
+            _validate.check_backend_dtype(q.dtype, backend)
+            return _compiled.attention(
+                q, k, v, alibi_slopes=None if alibi_slopes is None else alibi_slopes.to(torch.float32),
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                softcap=softcap, dropout_p=dropout_p, need_lse=need_lse, deterministic=deterministic)
     seed = draw_seed() if dropout_p > 0.0 else 0
     backend = backend_for(q)
     if backend == "torch":

@@ -17,7 +17,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _validate
+from . import _compiled, _validate
 from ._autograd import backend_for
 from ._torch_impl import attention_torch
 
@@ -423,6 +423,11 @@ def flash_attn_with_kvcache(
     """
     if isinstance(window_size, list):
         window_size = tuple(window_size)
+    if torch.compiler.is_compiling():  # traced by torch.compile: this whole call as one operator
+        return _compiled.with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                                      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                                      window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                                      return_softmax_lse)
     _check_args(q, k_cache, v_cache, k, v, block_table, cache_batch_idx, cache_leftpad,
                 alibi_slopes, window_size, softcap, num_splits)
     # Before anything is written into the cache, so a refused call leaves it untouched.
