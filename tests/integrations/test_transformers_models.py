@@ -299,3 +299,29 @@ def test_composite_model_per_backbone_dict(tmp_path_factory):
     assert ours.config.text_config._attn_implementation == "sdpa"
     assert ours.config.vision_config._attn_implementation == "sdpa"
     _assert_close(hidden(ours), expected, mask.bool())
+
+
+def test_compiled_training_step_is_one_graph_with_eager_numbers(tmp_path_factory):
+    """torch.compile of a forward+backward through the kernel gives the eager step's loss and
+    gradients; on transformers 5.x in one graph (``fullgraph=True``: the kernel is a custom operator
+    under compilation). transformers 4.57 hands the attention function ``position_ids``, and telling
+    packed rows from plain ones reads them, which cuts the graph there."""
+    _, ours = _pair("llama", tmp_path_factory)
+    ours.train()
+    ids = torch.randint(3, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
+
+    def loss_and_grads(forward):
+        ours.zero_grad()
+        loss = forward(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in ours.parameters()]
+
+    torch._dynamo.reset()
+    try:
+        compiled_loss, compiled_grads = loss_and_grads(torch.compile(ours, backend="aot_eager", fullgraph=TF5))
+    finally:
+        torch._dynamo.reset()
+    eager_loss, eager_grads = loss_and_grads(ours)
+    _assert_close(compiled_loss, eager_loss)
+    for got, want in zip(compiled_grads, eager_grads):
+        _assert_close(got, want)

@@ -143,6 +143,9 @@ def shared_options(
 ) -> dict[str, Any]:
     """The options without attention sinks, from the per-combination cache: unpack, never change."""
     window = sliding_window if sliding_window is not None and kv_length > sliding_window else None
+    if torch.compiler.is_compiling():  # traced: the cache's wrapper means nothing to the compiler, which warns
+        return _static_options.__wrapped__(params, kernel_name, causal, dropout, scaling, window, softcap,
+                                           deterministic)
     return _static_options(params, kernel_name, causal, dropout, scaling, window, softcap, deterministic)
 
 
