@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The kernel's whole GPU check in one run: correctness (against float64 and a baseline copy of the
 # package), flash-attention's own tests, the attention, packed-sequence and decode tables, and the first call with
-# and without a prepared compile cache (and where its seconds go), the host time per call, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
+# and without a prepared compile cache (and where its seconds go), a training step's attention under torch.compile
+# with CUDA graphs, the host time per call, and a Llama-3-8B-shaped model end to end in transformers. Each script writes its <bench>.md and .json into OUT.
 # STEPS picks a subset (default: all; the limits in seconds keep a run inside a time budget).
 #
-#   COMMIT=<sha> [STEPS="warm check launchcheck attention varlen decode tests compile host e2e"] [TRITON_OVERLAY=DIR] [PACK=FILE] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
+#   COMMIT=<sha> [STEPS="warm check launchcheck attention compiled varlen decode tests compile host e2e"] [TRITON_OVERLAY=DIR] [PACK=FILE] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
 #
 # launchcheck: the same check with every cached launch cross-checked against Triton's own choice of kernel
 # and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), into OUT/launch_check.
@@ -23,7 +24,7 @@ set -uo pipefail
 OUT=$1
 BASE=${2:-}
 RES=$OUT
-STEPS=${STEPS:-warm check launchcheck attention varlen decode tests compile host e2e}
+STEPS=${STEPS:-warm check launchcheck attention compiled varlen decode tests compile host e2e}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$(mktemp -d)
 if [[ -n "${TRITON_OVERLAY:-}" ]]; then
     export PYTHONPATH=$TRITON_OVERLAY:$PWD
@@ -42,6 +43,7 @@ want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
 want check && step 120 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want launchcheck && step 120 env FLASH_ATTN2_LAUNCH_CHECK=1 python3 bench/check_gpu.py --out "$RES/launch_check" --commit "${COMMIT:-unknown}"
 want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
+want compiled && step 300 python3 bench/compiled.py --out "$RES" --commit "${COMMIT:-unknown}"
 want varlen && step 90 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decode && step 60 python3 bench/decode_merge.py --out "$RES" --commit "${COMMIT:-unknown}"

@@ -1,0 +1,41 @@
+"""bench/compiled.py's check that a compiled step computes what the eager step computes, run on
+the CPU (the kernels under TRITON_INTERPRET=1, torch.compile with its ``aot_eager`` backend)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))  # bench/ is not a package
+
+import compiled  # noqa: E402
+import harness  # noqa: E402
+
+
+@pytest.fixture
+def fa(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch._dynamo.reset()
+    yield harness.kernels()["ours"]
+    torch._dynamo.reset()
+
+
+def _inputs():
+    q, k, v = (torch.randn(2, 24, h, 32, dtype=torch.float16, requires_grad=True) for h in (4, 2, 2))
+    return q, k, v, torch.randn_like(q)
+
+
+def test_a_compiled_step_gives_the_eager_numbers(fa):
+    assert compiled.same_numbers(fa, *_inputs(), True, backend="aot_eager") is True
+
+
+def test_the_check_sees_a_step_that_computes_something_else(fa):
+    class Scaled:  # the kernel's function with its output scaled: not the eager numbers
+        def flash_attn_func(self, *args, **kwargs):
+            scale = 1.5 if torch.compiler.is_compiling() else 1.0
+            return fa.flash_attn_func(*args, **kwargs) * scale
+
+    assert compiled.same_numbers(Scaled(), *_inputs(), True, backend="aot_eager") is False
