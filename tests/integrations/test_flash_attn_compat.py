@@ -288,6 +288,24 @@ def test_fa2_functions_match_reference_and_the_kernel_itself(stand_in):
                                atol=1e-5, rtol=1e-5)
 
 
+def test_compiled_code_calling_the_stand_in_gets_the_eager_numbers(stand_in):
+    # the stand-in picks its kernel when called (locks, the chain's walk), which torch.compile
+    # cannot trace: the graph is cut there, and the kernel's own call is compiled after the cut
+    import flash_attn
+
+    q, k, v = (t.requires_grad_() for t in qkv(sq=5, sk=9))
+    step = lambda q, k, v: flash_attn.flash_attn_func(q, k, v, causal=True)  # noqa: E731
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(step, backend="aot_eager")(q, k, v)
+    finally:
+        torch._dynamo.reset()
+    want = step(q, k, v)
+    assert torch.equal(got, want)
+    grads = torch.autograd.grad(got.sum(), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(want.sum(), (q, k, v))))
+
+
 def test_the_chain_never_takes_the_stand_in_for_the_package(stand_in, monkeypatch):
     """On a GPU the package step would import ``flash_attn`` and find the stand-in: it must skip it
     (the stand-in runs on the chain's choice), and a chain that returned it anyway is refused."""
