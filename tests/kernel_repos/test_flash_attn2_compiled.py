@@ -192,6 +192,25 @@ def test_with_kvcache_errors_still_name_the_problem_when_compiled():
         torch.compile(lambda call: fa.flash_attn_with_kvcache(**call), backend="aot_eager", fullgraph=True)(call)
 
 
+def test_one_graph_serves_every_sequence_length_when_compiled_dynamic():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda q, k, v: fa.flash_attn_func(q, k, v, causal=True), backend=backend,
+                             fullgraph=True, dynamic=True)
+    for seq in (17, 33, 64):
+        q, k, v = _qkv(2, seq, seq, 4, 2, 32, torch.float16)
+        dout = torch.randn(2, seq, 4, 32, dtype=torch.float16)
+        out = compiled(q, k, v)
+        want = fa.flash_attn_func(q, k, v, causal=True)
+        _assert_same((out,), (want,))
+        _assert_same(_grads(out, (q, k, v), dout), _grads(want, (q, k, v), dout))
+    assert len(graphs) == 1
+
+
 def test_eager_calls_do_not_pass_through_the_operators():
     q, k, v = _qkv(1, 20, 20, 2, 2, 32, torch.float16)
     with _OpsSeen() as seen:
