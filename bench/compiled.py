@@ -16,6 +16,10 @@ the median over interleaved rounds of ``do_bench`` medians. Writes ``bench/resul
 and ``.json``::
 
     python bench/compiled.py [--out DIR]
+
+``--tiny`` runs the same steps at a small shape on the CPU (the kernels under
+``TRITON_INTERPRET=1``, fp16, torch.compile's ``aot_eager`` backend instead of CUDA graphs,
+SDPA's default backend), to check the script itself without a GPU; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -65,10 +69,19 @@ def same_numbers(fa: Any, q: Any, k: Any, v: Any, do: Any, causal: bool, **compi
 
 
 def main() -> None:
-    args = harness.arguments(__doc__).parse_args()
+    parser = harness.arguments(__doc__)
+    parser.add_argument("--tiny", action="store_true", help="a small shape on the CPU (see above)")
+    args = parser.parse_args()
     import torch
     from torch.nn.attention import SDPBackend
 
+    if args.tiny:  # (head_dim, heads, seq, causal) rows, device, dtype, compile options, SDPA backend
+        rows_, device, dtype, options, backend, tokens = [(32, 4, 2, 32, True)], "cpu", torch.float16, \
+            dict(backend="aot_eager"), SDPBackend.MATH, 64
+    else:
+        rows_, device, dtype, options, backend, tokens = ROWS, "cuda", torch.bfloat16, \
+            dict(mode="reduce-overhead"), SDPBackend.CUDNN_ATTENTION, TOKENS
+    graphs = options.get("mode") == "reduce-overhead"
     fa = harness.kernels()["ours"]
     rows = []
     columns = dict(head_dim="d", heads="heads", seq="seq", causal="causal", same="compiled = eager",
@@ -77,15 +90,15 @@ def main() -> None:
                    ratio_fwdbwd="ours/cuDNN eager", ratio_compiled="ours compiled/cuDNN compiled",
                    ratio_ours_compiled_eager="ours compiled/cuDNN eager")
     harness.warm_gpu()
-    for d, hq, hk, seq, causal in ROWS:
-        b = TOKENS // seq
-        mk = lambda h: torch.randn(b, seq, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)  # noqa: E731
+    for d, hq, hk, seq, causal in rows_:
+        b = tokens // seq
+        mk = lambda h: torch.randn(b, seq, h, d, device=device, dtype=dtype, requires_grad=True)  # noqa: E731
         q, k, v = mk(hq), mk(hk), mk(hk)
         qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))  # SDPA's [B, H, S, D]
         do, dot = torch.randn_like(q), torch.randn_like(qt)
         row: dict = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal)
         try:
-            row["same"] = same_numbers(fa, q, k, v, do, causal, mode="reduce-overhead")
+            row["same"] = same_numbers(fa, q, k, v, do, causal, **options)
         except Exception as e:  # recorded in the table; the timings still run
             row["same"] = f"{type(e).__name__}: {str(e)[:160]}"
         torch._dynamo.reset()
@@ -94,26 +107,26 @@ def main() -> None:
             return fa.flash_attn_func(q, k, v, causal=causal)
 
         gqa = hq != hk
-        cudnn_eager = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, causal)
+        cudnn_eager = harness.sdpa(backend, qt, kt, vt, causal)
 
         def cudnn(q, k, v):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
-        ours_c = torch.compile(ours, mode="reduce-overhead", fullgraph=True)
-        cudnn_c = torch.compile(cudnn, mode="reduce-overhead", fullgraph=True)
+        ours_c = torch.compile(ours, fullgraph=True, **options)
+        cudnn_c = torch.compile(cudnn, fullgraph=True, **options)
 
         def cudnn_compiled_call():
-            with torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                training_call(cudnn_c, (qt, kt, vt), dot, graphs=True)()
+            with torch.nn.attention.sdpa_kernel(backend):
+                training_call(cudnn_c, (qt, kt, vt), dot, graphs=graphs)()
 
         contenders = {
             "ours": (None, training_call(ours, (q, k, v), do)),
             "sdpa_cudnn": (None, training_call(lambda *_: cudnn_eager(), (qt, kt, vt), dot)),
-            "ours_compiled": (None, training_call(ours_c, (q, k, v), do, graphs=True)),
+            "ours_compiled": (None, training_call(ours_c, (q, k, v), do, graphs=graphs)),
             "sdpa_cudnn_compiled": (None, cudnn_compiled_call),
         }
         flop = 4 * b * hq * seq * seq * d / (2 if causal else 1)
-        harness.attention_row(row, contenders, flop)
+        harness.attention_row(row, contenders, flop, rounds=1 if args.tiny else harness.ROUNDS)
         if row.get("ours_compiled_fwdbwd") and row.get("sdpa_cudnn_compiled_fwdbwd"):
             row["ratio_compiled"] = row["ours_compiled_fwdbwd"] / row["sdpa_cudnn_compiled_fwdbwd"]
         if row.get("ours_compiled_fwdbwd") and row.get("sdpa_cudnn_fwdbwd"):
@@ -131,7 +144,8 @@ def main() -> None:
                    "'compiled = eager': the compiled step's output and gradients equal the eager call's bit for "
                    "bit (deterministic=True)."])
         torch._dynamo.reset()
-        torch.cuda.empty_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
     print(path.read_text())
 
 
