@@ -10,10 +10,12 @@ capture. Eager calls never come here: an operator's dispatch costs host time, wh
 decoding pays on every layer.
 
 The operators live in a namespace of their own per imported copy of the package (two revisions of
-the kernel can be loaded side by side): ``torch.ops.<NAMESPACE>.fwd`` / ``.bwd``.
+the kernel can be loaded side by side): ``torch.ops.<NAMESPACE>.fwd`` / ``.fwd_dropout`` /
+``.bwd`` / ``.with_kvcache``.
 
-Without the Triton kernels (the PyTorch fallback) nothing here is used: that path is plain torch
-operations, which the compiler traces as they are.
+The attention functions' PyTorch fallback (no Triton kernels for the device) does not come here:
+it is plain torch operations, which the compiler traces as they are. ``flash_attn_with_kvcache``
+goes through its operator on every backend (its checks read lengths on the host).
 """
 
 import hashlib
@@ -45,7 +47,7 @@ def _namespace() -> Tuple[str, "torch.library.Library"]:
     raise RuntimeError(f"flash-attn2: no free torch operator namespace {base}_N")
 
 
-NAMESPACE, _LIBRARY = _namespace()
+NAMESPACE, _LIBRARY = _namespace()  # the handle holds the namespace for as long as the module lives
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
