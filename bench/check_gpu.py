@@ -1,6 +1,7 @@
 """Correctness of the shipped kernel on a GPU: against a float64 reference, and against a baseline
 copy of the package (``--baseline``: a kernel repo folder, e.g. the previous commit's) in the
-same run. Every output and gradient of the two is compared element by element.
+same run. Every output and gradient of the two is compared element by element. The calls
+compiled with torch.compile are compared with the same calls eager (``check_compiled``).
 
 Writes ``bench/results/check_gpu.md`` and ``.json``; exits 1 when a check fails::
 
@@ -152,6 +153,66 @@ def check_decode(kernels: dict, case) -> dict:
     return row
 
 
+def check_compiled(fa, device: str = "cuda", dtype=None, small: bool = False) -> list:
+    """Rows: the kernel's calls compiled (``torch.compile(fullgraph=True)``, ``aot_eager``) against
+    the same calls eager, element by element: a packed training step (``deterministic=True``, so
+    the gradients repeat bit for bit), an inference prefill and a paged KV-cache decode step that
+    appends keys (the caches compared too). ``bench/compiled.py`` checks dense training steps
+    under CUDA graphs. ``small``: shapes small enough for the Triton interpreter (the tests).
+    Raises what torch.compile raises."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(4)
+    rnd = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, generator=g)  # noqa: E731
+    rows = []
+
+    def compare(case, fn, *inputs, dout=None):
+        # dout given: the inputs' gradients too (taken outside the compiled function)
+        def run(f):
+            outs = f(*inputs)
+            grads = torch.autograd.grad(outs[0], inputs, dout) if dout is not None else ()
+            return [*outs, *grads]
+        torch._dynamo.reset()
+        got = run(torch.compile(fn, backend="aot_eager", fullgraph=True))
+        want = run(fn)
+        diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in zip(got, want))
+        rows.append(dict(case=f"compiled-{case}", max_abs_diff_vs_eager=diff, passed=diff == 0.0))
+
+    d, lens, seq, page, ctx = (32, [30, 17, 1], 20, 16, [40, 5, 60]) if small else \
+        (128, [300, 263, 1], 200, 256, [700, 5, 1000])
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=device, dtype=torch.int32)
+    q, k, v = (rnd(sum(lens), h, d).requires_grad_() for h in (4, 2, 2))
+
+    def packed(q, k, v):
+        return (fa.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, deterministic=True),)
+    compare("varlen-causal-train", packed, q, k, v, dout=rnd(sum(lens), 4, d))
+
+    def prefill(q, k, v):
+        with torch.no_grad():
+            return fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2]
+    compare("prefill-gqa", prefill, rnd(2, seq, 8, d // 2), rnd(2, seq, 2, d // 2), rnd(2, seq, 2, d // 2))
+
+    pages, b = 4, 3
+    table = torch.randperm(b * pages, generator=torch.Generator().manual_seed(5)).view(b, pages).to(device, torch.int32)
+    caches = (rnd(b * pages, page, 2, d), rnd(b * pages, page, 2, d))
+    new_kv = (rnd(b, 1, 2, d), rnd(b, 1, 2, d))
+    lens_k = torch.tensor(ctx, device=device, dtype=torch.int32)
+
+    def decode(q, k_cache, v_cache):
+        out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, *new_kv, cache_seqlens=lens_k, block_table=table,
+                                         causal=True)
+        return out, k_cache, v_cache  # the appended keys and values are compared too
+    q1 = rnd(b, 1, 8, d)
+    torch._dynamo.reset()
+    got = torch.compile(decode, backend="aot_eager", fullgraph=True)(q1, *(c.clone() for c in caches))
+    want = decode(q1, *(c.clone() for c in caches))
+    diff = max(float((a.float() - w.float()).abs().max()) for a, w in zip(got, want))
+    rows.append(dict(case="compiled-decode-paged-append", max_abs_diff_vs_eager=diff, passed=diff == 0.0))
+    torch._dynamo.reset()
+    return rows
+
+
 def _guarded(check, kernels: dict, case) -> dict:
     """``check(kernels, case)``; a case that raises is a failed row naming the error, so the other
     cases still run and the table is still written."""
@@ -169,7 +230,12 @@ def main() -> None:
     pick = (lambda cases: [c for c in cases if c[0] in QUICK]) if args.quick else (lambda cases: cases)
     rows = [_guarded(check_dense, kernels, c) for c in pick(CASES)] + [
         _guarded(check_decode, kernels, c) for c in pick(DECODE)]
-    columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2", error="error")
+    try:
+        rows += check_compiled(kernels["ours"])
+    except Exception as e:  # noqa: BLE001 - a compile that fails is this check's result
+        rows.append(dict(case="compiled", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
+    columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2 (compiled: equal)",
+                   max_abs_diff_vs_eager="compiled: max |compiled - eager|", error="error")
     if args.baseline:
         columns.update(max_abs_diff_vs_baseline="max |ours - baseline|", identical_to_baseline="bitwise equal")
     path = harness.write_results(

@@ -40,8 +40,8 @@ step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit"
 # Compile every kernel the attention table needs in parallel first (both packages): the timing
 # scripts then load them from the cache instead of compiling one at a time.
 want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
-want check && step 120 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
-want launchcheck && step 120 env FLASH_ATTN2_LAUNCH_CHECK=1 python3 bench/check_gpu.py --out "$RES/launch_check" --commit "${COMMIT:-unknown}"
+want check && step 180 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
+want launchcheck && step 180 env FLASH_ATTN2_LAUNCH_CHECK=1 python3 bench/check_gpu.py --out "$RES/launch_check" --commit "${COMMIT:-unknown}"
 want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want compiled && step 300 python3 bench/compiled.py --out "$RES" --commit "${COMMIT:-unknown}"
 want varlen && step 90 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
