@@ -211,6 +211,24 @@ def test_one_graph_serves_every_sequence_length_when_compiled_dynamic():
     assert len(graphs) == 1
 
 
+def test_packed_sequences_over_paged_caches_compile_for_inference():
+    # flash_attn_varlen_func with block_table (transformers' continuous batching prefill)
+    g = torch.Generator().manual_seed(9)
+    lens_q, lens_k, page = [5, 12], [20, 33], 16
+    cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
+    q = torch.randn(sum(lens_q), 4, 32, generator=g, dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(7, page, 2, 32, generator=g, dtype=torch.float16) for _ in range(2))
+    table = torch.tensor([[3, 0, 6], [1, 5, 2]], dtype=torch.int32)
+
+    def step(q, k_cache, v_cache):
+        return fa.flash_attn_varlen_func(q, k_cache, v_cache, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+                                         causal=True, block_table=table, return_attn_probs=True)[:2]
+
+    with torch.no_grad():
+        got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k_cache, v_cache)
+        _assert_same(got, step(q, k_cache, v_cache))
+
+
 def test_eager_calls_do_not_pass_through_the_operators():
     q, k, v = _qkv(1, 20, 20, 2, 2, 32, torch.float16)
     with _OpsSeen() as seen:

@@ -18,7 +18,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import _launch
+from . import _compiled, _launch
 from ._autograd import attention as _attention
 from ._autograd import decode_heads_first as _decode_heads_first
 
@@ -128,6 +128,13 @@ def flash_attn_varlen_func(
     Raises ValueError / NotImplementedError as the module docstring says.
     """
     if block_table is not None:
+        if torch.compiler.is_compiling() and not (torch.is_grad_enabled()
+                                                  and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            # traced by torch.compile: gathering the pages reads a length from cu_seqlens_k, which
+            # a graph cannot hold; the whole call is one operator instead (no gradients)
+            return _compiled.varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                                          softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                          return_attn_probs)
         if k.dim() != 4:
             raise ValueError(
                 f"with block_table, k/v must be paged caches [num_blocks, page_size, heads, head_dim], "

@@ -11,7 +11,7 @@ decoding pays on every layer.
 
 The operators live in a namespace of their own per imported copy of the package (two revisions of
 the kernel can be loaded side by side): ``torch.ops.<NAMESPACE>.fwd`` / ``.fwd_dropout`` /
-``.bwd`` / ``.with_kvcache``.
+``.bwd`` / ``.with_kvcache`` / ``.varlen_paged``.
 
 The attention functions' PyTorch fallback (no Triton kernels for the device) does not come here:
 it is plain torch operations, which the compiler traces as they are. ``flash_attn_with_kvcache``
@@ -19,6 +19,7 @@ goes through its operator on every backend (its checks read lengths on the host)
 """
 
 import hashlib
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -243,6 +244,41 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
         bool(return_softmax_lse))
     return (out, lse) if return_softmax_lse else out
 
+
+
+@torch.library.custom_op(f"{NAMESPACE}::varlen_paged", mutates_args=())
+def _varlen_paged(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, block_table: torch.Tensor,
+    softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+    alibi_slopes: Optional[torch.Tensor], return_lse: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``flash_attn_varlen_func`` over paged caches (``block_table``), inference only: (out, lse),
+    lse empty unless ``return_lse``. An operator because gathering the pages has a length read
+    from ``cu_seqlens_k``, which a traced graph cannot hold."""
+    result = sys.modules[__package__].flash_attn_varlen_func(
+        q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
+        causal=causal, window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
+        return_attn_probs=return_lse, block_table=block_table)
+    out, lse = result[:2] if return_lse else (result, q.new_empty((0,), dtype=torch.float32))
+    return _contiguous(out), _contiguous(lse)
+
+
+@_varlen_paged.register_fake
+def _varlen_paged_fake(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                       softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, return_lse):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, True) if return_lse else (0,), dtype=torch.float32)
+
+
+def varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                 softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs):
+    """``flash_attn_varlen_func`` with ``block_table``, no gradients, through its operator (the
+    function's arguments and result). Raises what that function raises."""
+    out, lse = _varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                             block_table, None if softmax_scale is None else float(softmax_scale), bool(causal),
+                             int(window_size[0]), int(window_size[1]), float(softcap), alibi_slopes,
+                             bool(return_attn_probs))
+    return (out, lse, None) if return_attn_probs else out
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alibi_slopes: Optional[torch.Tensor],
