@@ -227,6 +227,8 @@ def test_packed_sequences_over_paged_caches_compile_for_inference():
     with torch.no_grad():
         got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k_cache, v_cache)
         _assert_same(got, step(q, k_cache, v_cache))
+    torch.library.opcheck(ops._varlen_paged, (q, k_cache, v_cache, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+                                              table, None, True, -1, -1, 0.0, None, True))
 
 
 def test_eager_calls_do_not_pass_through_the_operators():
