@@ -129,6 +129,12 @@ def _gluon_wanted(q, k, v, alibi_slopes, cu_seqlens_q, seqused_k, opts) -> bool:
 DECODE_MAX_QUERY = 16
 
 
+def takes_decode(q: torch.Tensor, k: torch.Tensor, packed: bool, dropout_p: float) -> bool:
+    """Whether an inference call on the kernels goes to the split-K decode kernel (dense, no
+    dropout, at most DECODE_MAX_QUERY query tokens and no more than keys). Raises nothing."""
+    return not packed and not dropout_p and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] <= k.shape[1]
+
+
 def _decode(q, k, v, alibi_slopes, softmax_scale, causal, window_size, softcap, need_lse):
     decode_attention = _module("_triton_decode").decode_attention
 
@@ -308,7 +314,7 @@ def attention(
         max_seqlen_q = int(max_seqlen_q) if max_seqlen_q is not None else int(cu_seqlens_q.diff().max())
         max_seqlen_k = int(max_seqlen_k) if max_seqlen_k is not None else int(cu_seqlens_k.diff().max())
     inference = not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-    if inference and not packed and not dropout_p and q.shape[1] <= DECODE_MAX_QUERY and q.shape[1] <= k.shape[1]:
+    if inference and takes_decode(q, k, packed, dropout_p):
         return _decode(q, k, v, alibi_slopes, float(softmax_scale), bool(causal), window_size, float(softcap),
                        need_lse)
     opts = dict(

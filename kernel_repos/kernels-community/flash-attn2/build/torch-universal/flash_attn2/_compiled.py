@@ -62,6 +62,20 @@ def _lse_shape(q: torch.Tensor, packed: bool) -> Tuple[int, ...]:
     return (q.shape[1], q.shape[0]) if packed else (q.shape[0], q.shape[2], q.shape[1])
 
 
+def _no_lse(q: torch.Tensor) -> torch.Tensor:
+    # what an operator returns in place of an lse nobody asked for (its outputs are all tensors)
+    return q.new_empty((0,), dtype=torch.float32)
+
+
+def _max_lengths(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                 max_seqlen_k: int) -> Tuple[int, int]:
+    # 0: not given to the traced call, learnt here at run time (reading them in the graph would
+    # make the host wait for the GPU there)
+    if max_seqlen_q > 0:
+        return max_seqlen_q, max_seqlen_k
+    return int(cu_seqlens_q.diff().max()), int(cu_seqlens_k.diff().max())
+
+
 def _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
              causal, window_left, window_right, softcap, dropout_p, train, need_lse, deterministic, seed):
     """Both forward operators' work: (out, lse) as their docstrings say."""
@@ -69,13 +83,11 @@ def _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     packed = cu_seqlens_q is not None
     window = (window_left, window_right)
     lse: Optional[torch.Tensor]
-    if (not train and not packed and not dropout_p and q.shape[1] <= autograd.DECODE_MAX_QUERY
-            and q.shape[1] <= k.shape[1]):
+    if not train and autograd.takes_decode(q, k, packed, dropout_p):
         out, lse = autograd._decode(q, k, v, alibi_slopes, softmax_scale, causal, window, softcap, need_lse)
     else:
-        if packed and max_seqlen_q <= 0:  # not given to the traced call: learnt here, at run time
-            max_seqlen_q = int(cu_seqlens_q.diff().max())
-            max_seqlen_k = int(cu_seqlens_k.diff().max())
+        if packed:
+            max_seqlen_q, max_seqlen_k = _max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         opts = dict(max_seqlen_q=max_seqlen_q if packed else None, max_seqlen_k=max_seqlen_k if packed else None,
                     softmax_scale=softmax_scale, causal=causal, window_size=window, softcap=softcap,
                     dropout_p=dropout_p, seed=seed)
@@ -85,7 +97,7 @@ def _forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out, lse = autograd._triton_forward(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, opts,
                                             train or need_lse)[3:]
     if lse is None or not (train or need_lse):
-        lse = q.new_empty((0,), dtype=torch.float32)
+        lse = _no_lse(q)
     return _contiguous(out), _contiguous(lse)
 
 
@@ -154,9 +166,8 @@ def _bwd(
     except Exception:  # compiled from a guess of dO's layout: the launches below compile what they
         pass  # need themselves, and raise there if the error is real
     packed = cu_seqlens_q is not None
-    if packed and max_seqlen_q <= 0:
-        max_seqlen_q = int(cu_seqlens_q.diff().max())
-        max_seqlen_k = int(cu_seqlens_k.diff().max())
+    if packed:
+        max_seqlen_q, max_seqlen_k = _max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     # the forward read these through unit-stride copies; the backward wants the same layouts
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     dq, dk, dv = _module("_triton_bwd").attention_backward(
@@ -164,8 +175,8 @@ def _bwd(
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q if packed else None, max_seqlen_k=max_seqlen_k if packed else None,
         alibi_slopes=alibi_slopes, softmax_scale=softmax_scale, causal=causal,
-        window_size=(window_left, window_right), softcap=softcap, dropout_p=dropout_p, seed=0 if seed is None else int(seed),
-        deterministic=deterministic)
+        window_size=(window_left, window_right), softcap=softcap, dropout_p=dropout_p,
+        seed=0 if seed is None else int(seed), deterministic=deterministic)
     return _contiguous(dq), _contiguous(dk), _contiguous(dv)
 
 
@@ -218,7 +229,7 @@ def _with_kvcache(
         cache_seqlens if cache_seqlens is not None else cache_seqlens_int, cache_batch_idx, cache_leftpad,
         block_table, softmax_scale, causal, (window_left, window_right), softcap, rotary_interleaved, alibi_slopes,
         num_splits, return_softmax_lse)
-    out, lse = result if return_softmax_lse else (result, q.new_empty((0,), dtype=torch.float32))
+    out, lse = result if return_softmax_lse else (result, _no_lse(q))
     return _contiguous(out), _contiguous(lse)
 
 
@@ -226,8 +237,8 @@ def _with_kvcache(
 def _with_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_seqlens_int,
                        cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left, window_right,
                        softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse):
-    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_softmax_lse else (0,)
-    return q.new_empty(q.shape), q.new_empty(lse_shape, dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, False), dtype=torch.float32) if return_softmax_lse \
+        else _no_lse(q)
 
 
 def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -245,7 +256,6 @@ def with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlen
     return (out, lse) if return_softmax_lse else out
 
 
-
 @torch.library.custom_op(f"{NAMESPACE}::varlen_paged", mutates_args=())
 def _varlen_paged(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -260,14 +270,14 @@ def _varlen_paged(
         q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=softmax_scale,
         causal=causal, window_size=(window_left, window_right), softcap=softcap, alibi_slopes=alibi_slopes,
         return_attn_probs=return_lse, block_table=block_table)
-    out, lse = result[:2] if return_lse else (result, q.new_empty((0,), dtype=torch.float32))
+    out, lse = result[:2] if return_lse else (result, _no_lse(q))
     return _contiguous(out), _contiguous(lse)
 
 
 @_varlen_paged.register_fake
 def _varlen_paged_fake(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
                        softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, return_lse):
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, True) if return_lse else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, True), dtype=torch.float32) if return_lse else _no_lse(q)
 
 
 def varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
@@ -279,6 +289,7 @@ def varlen_paged(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
                              int(window_size[0]), int(window_size[1]), float(softcap), alibi_slopes,
                              bool(return_attn_probs))
     return (out, lse, None) if return_attn_probs else out
+
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alibi_slopes: Optional[torch.Tensor],
