@@ -434,6 +434,20 @@ def sdpa(backend, q, k, v, causal: bool):
         return expanded
 
 
+# the packed-sequence benchmarks' workload (bench/varlen.py times it, bench/varlen_schedule.py models it)
+PACKED_TOKENS = 16384
+
+
+def packed_lengths(tokens: int = PACKED_TOKENS, low: int = 128, high: int = 4096, seed: int = 0) -> list[int]:
+    """Sequence lengths drawn uniformly from [low, high], the last one cut so they sum to ``tokens``."""
+    rng = random.Random(seed)
+    out: list[int] = []
+    while sum(out) < tokens:
+        out.append(rng.randint(low, high))
+    out[-1] -= sum(out) - tokens
+    return out
+
+
 # the decode benchmarks' step: batch, query heads, KV heads, head_dim, keys a page
 DECODE_SHAPE = (32, 32, 8, 128, 256)
 DECODE_CONTEXTS = (4096, 32768)

@@ -14,27 +14,17 @@ adds another copy of the kernel package (e.g. the previous commit's) as a column
 from __future__ import annotations
 
 import importlib
-import random
 from typing import List
 
 import harness
 
-TOKENS = 16384
+TOKENS = harness.PACKED_TOKENS
+lengths = harness.packed_lengths  # the seeded workload (bench/varlen_schedule.py models the same)
 HEADS = 16
 HEAD_DIMS = (128, 256, 64)
 # head dims whose packed forward the dispatch sends to the Gluon kernel on sm90
 # (_gluon_dispatch.MEASURED_FASTER_VARLEN); the others also time the Gluon forward beside it
 GLUON_VARLEN_DIMS = (128, 256)
-
-
-def lengths(tokens: int = TOKENS, low: int = 128, high: int = 4096, seed: int = 0) -> List[int]:
-    """Sequence lengths drawn uniformly from [low, high], the last one cut so they sum to ``tokens``."""
-    rng = random.Random(seed)
-    out: List[int] = []
-    while sum(out) < tokens:
-        out.append(rng.randint(low, high))
-    out[-1] -= sum(out) - tokens
-    return out
 
 
 def real_flops(lens: List[int], heads: int, dim: int, causal: bool) -> float:
