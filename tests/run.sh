@@ -8,7 +8,9 @@
 #                 reference package the lock-format test checks against, and the release transformers
 #                 5.25 requires (>=0.19.1,<0.20); not in .[test] because
 #                 it needs huggingface_hub>=1.10, which transformers 4.57 cannot have);
-#                 runs `python -m pytest ARGS`.
+#                 runs `python -m pytest ARGS`, spread over the machine's cores (pytest-xdist,
+#                 one file per worker at a time; KERNEL_LOADER_TEST_WORKERS=N sets how many,
+#                 0 runs everything in this process).
 # 2. .venv-olah   olah==0.5.4, the loopback Hub the tests start (tests/hub_server.py); its own
 #                 venv because its pins clash with ours.
 # 3. .venv-tf457  the oldest supported transformers (4.57.*, which needs huggingface_hub<1),
@@ -72,10 +74,16 @@ install_tf457() {
     pip_in "$1" "$TORCH_PIN" && pip_in "$1" -e ".[test]" "${TF457_PINS[@]}"
 }
 
+# Workers for pytest-xdist: one per core by default. A test file stays on one worker (--dist
+# loadfile), so its module fixtures (a loopback Hub, a built kernel tree) start once.
+WORKERS="${KERNEL_LOADER_TEST_WORKERS:-auto}"
+
 run_pytest() {  # run_pytest VENV LABEL ARGS...; returns pytest's status, with 5 turned into 1
     local venv="$1" label="$2" rc; shift 2
-    say "$label: $venv/bin/python -m pytest $*"
-    "$venv/bin/python" -m pytest "$@"
+    local spread=()
+    [[ "$WORKERS" != 0 ]] && spread=(-n "$WORKERS" --dist loadfile)
+    say "$label: $venv/bin/python -m pytest ${spread[*]} $*"
+    "$venv/bin/python" -m pytest "${spread[@]}" "$@"
     rc=$?
     if [[ $rc -eq 5 ]]; then
         printf '\nERROR: %s collected no tests (pytest exit 5); that counts as a failure.\n' "$label" >&2
