@@ -10,8 +10,11 @@ The dispatch model: 132 SMs (H100 / H200), one program each, a free SM taking th
 a tile of 128 query rows costs one step per 128-key block it reads (up to the diagonal when
 causal) plus one for its load and store; a program past its sequence's end costs 0.03. Orders
 beside each other: program order as the packed call launches today (row blocks fastest, then
-heads, then sequences); longest tile first; and a persistent call that deals the live tiles out
-round-robin, fixed at launch. Figures are makespan ÷ (total work / SMs)::
+heads, then sequences); longest tile first; and a persistent call whose 132 programs take the live
+tiles in a deal fixed at launch, either round-robin in program order or sorted longest first and
+dealt in a snake (program 0 to 131, then 131 back to 0, ...: what a launch can build on the GPU
+from ``cu_seqlens`` with one sort, without a run-time counter). Figures are makespan ÷ (total
+work / SMs)::
 
     python bench/varlen_schedule.py [--out DIR]
 """
@@ -50,6 +53,16 @@ def round_robin(costs: list) -> float:
     return max(loads)
 
 
+def snake(costs: list) -> float:
+    """When the last of SMS persistent programs finishes, the tiles dealt out in a snake: round r
+    goes from program 0 up when r is even, from the last program down when it is odd."""
+    loads = [0.0] * SMS
+    for i, c in enumerate(costs):
+        r, k = divmod(i, SMS)
+        loads[k if r % 2 == 0 else SMS - 1 - k] += c
+    return max(loads)
+
+
 def row(lens: list, causal: bool) -> dict:
     """One table row: the order figures for ``lens`` (see the module docstring)."""
     n_m = math.ceil(max(lens) / TILE_M)
@@ -58,7 +71,8 @@ def row(lens: list, causal: bool) -> dict:
     balanced = sum(launched) / SMS
     return dict(causal=causal, program_order=makespan(launched) / balanced,
                 longest_first=makespan(sorted(launched, reverse=True)) / balanced,
-                persistent_round_robin=round_robin(live) / balanced)
+                persistent_round_robin=round_robin(live) / balanced,
+                persistent_sorted_snake=snake(sorted(live, reverse=True)) / balanced)
 
 
 def main() -> None:
@@ -71,7 +85,8 @@ def main() -> None:
     path = harness.write_results(
         "varlen_schedule", rows, title="Packed sequences: a model of the block dispatch (head_dim 128 tiles)",
         columns=dict(causal="causal", program_order="program order", longest_first="longest tile first",
-                     persistent_round_robin="persistent, round-robin"),
+                     persistent_round_robin="persistent, round-robin",
+                     persistent_sorted_snake="persistent, longest first, snake"),
         out_dir=args.out, commit=args.commit,
         notes=[f"Lengths of bench/varlen.py (harness.packed_lengths): {lens}, {HEADS} heads. Padded work ÷ real work: "
                f"{padded / real:.3f}; work the packed call computes ÷ real (partial last tiles): {computed / real:.3f}.",

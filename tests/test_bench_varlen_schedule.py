@@ -22,6 +22,12 @@ def test_one_long_tile_last_is_the_tail_longest_first_avoids():
     assert vs.makespan(sorted(costs, reverse=True)) == 10.0
 
 
+def test_a_snake_deal_evens_out_what_round_robin_leaves_on_the_first_programs():
+    costs = sorted([float(i % 7 + 1) for i in range(4 * vs.SMS)], reverse=True)
+    assert vs.snake([2.0] * (3 * vs.SMS)) == 6.0
+    assert vs.snake(costs) < vs.round_robin(costs)
+
+
 def test_tiles_cost_their_key_blocks_and_nothing_past_the_sequence():
     assert vs.tile_cost(300, 0, causal=False) == 3 + vs.TILE_EXTRA
     assert vs.tile_cost(300, 0, causal=True) == 1 + vs.TILE_EXTRA
@@ -31,3 +37,4 @@ def test_tiles_cost_their_key_blocks_and_nothing_past_the_sequence():
 def test_the_packed_rows_are_near_balance_and_a_fixed_deal_is_not():
     r = vs.row([3000, 200, 1500, 700], causal=True)
     assert 1.0 <= r["longest_first"] <= r["program_order"] < r["persistent_round_robin"]
+    assert r["persistent_sorted_snake"] < r["persistent_round_robin"]
