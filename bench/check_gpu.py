@@ -1,7 +1,9 @@
 """Correctness of the shipped kernel on a GPU: against a float64 reference, and against a baseline
 copy of the package (``--baseline``: a kernel repo folder, e.g. the previous commit's) in the
 same run. Every output and gradient of the two is compared element by element. The calls
-compiled with torch.compile are compared with the same calls eager (``check_compiled``).
+compiled with torch.compile are compared with the same calls eager (``check_compiled``), and the
+packed Gluon forward walking a tile list with the same call one program a tile
+(``check_packed_walk``).
 
 Writes ``bench/results/check_gpu.md`` and ``.json``; exits 1 when a check fails::
 
@@ -219,6 +221,35 @@ def _guarded(check, kernels: dict, case) -> dict:
         return dict(case=case[0], passed=False, error=f"{type(e).__name__}: {e}"[:300])
 
 
+def check_packed_walk(fa) -> list:
+    """Rows: the Gluon forward on packed sequences walking its sorted tile list persistently
+    (``persistent=True``, ``_gluon_fwd.PERSISTENT_VARLEN``) against the same call one program a
+    tile: output and lse equal element by element (each tile's arithmetic is the same). Lengths
+    with an empty and a one-token sequence, fewer live tiles than SMs and many more. Raises what
+    the kernel raises."""
+    import importlib
+
+    import torch
+
+    gf = importlib.import_module(fa.__name__ + "._gluon_fwd")
+    rows = []
+    g = torch.Generator().manual_seed(5)
+    few = [0, 1, 129, 300]
+    many = [int(n) for n in torch.randint(1, 3000, (24,), generator=g)] + [0, 1]
+    for d, causal, lens in ((128, True, many), (128, False, many), (256, True, many), (64, False, many),
+                            (128, True, few)):
+        cu = torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32)
+        q, k, v = (torch.randn(int(cu[-1]), 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        run = lambda persistent: gf.gluon_attention_forward(  # noqa: E731
+            q, k, v, softmax_scale=d ** -0.5, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
+            max_seqlen_q=max(lens), persistent=persistent)
+        (walk, walk_lse), (tile, tile_lse) = run(True), run(False)
+        diff = max(float((walk.float() - tile.float()).abs().max()), float((walk_lse - tile_lse).abs().max()))
+        rows.append(dict(case=f"packed-walk-d{d}{'-causal' if causal else ''}-{len(lens)}seq",
+                         max_abs_diff_vs_eager=diff, passed=torch.equal(walk, tile) and torch.equal(walk_lse, tile_lse)))
+    return rows
+
+
 def main() -> None:
     parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--quick", action="store_true", help="the cases marked QUICK only (each case compiles)")
@@ -231,8 +262,13 @@ def main() -> None:
         rows += check_compiled(kernels["ours"])
     except Exception as e:  # noqa: BLE001 - a compile that fails is this check's result
         rows.append(dict(case="compiled", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
+    try:
+        rows += check_packed_walk(kernels["ours"])
+    except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
+        rows.append(dict(case="packed-walk", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
     columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2 (compiled: equal)",
-                   max_abs_diff_vs_eager="compiled: max |compiled - eager|", error="error")
+                   max_abs_diff_vs_eager="compiled: max |compiled - eager|; packed walk: max |walk - per tile|",
+                   error="error")
     if args.baseline:
         columns.update(max_abs_diff_vs_baseline="max |ours - baseline|", identical_to_baseline="bitwise equal")
     path = harness.write_results(

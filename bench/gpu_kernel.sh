@@ -40,11 +40,11 @@ step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit"
 # Compile every kernel the attention table needs in parallel first (both packages): the timing
 # scripts then load them from the cache instead of compiling one at a time.
 want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
-want check && step 180 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
+want check && step 240 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want launchcheck && step 180 env FLASH_ATTN2_LAUNCH_CHECK=1 python3 bench/check_gpu.py --out "$RES/launch_check" --commit "${COMMIT:-unknown}"
 want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want compiled && step 300 python3 bench/compiled.py --out "$RES" --commit "${COMMIT:-unknown}"
-want varlen && step 90 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
+want varlen && step 150 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decode && step 60 python3 bench/decode_merge.py --out "$RES" --commit "${COMMIT:-unknown}"
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85

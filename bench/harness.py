@@ -513,6 +513,8 @@ def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: 
                   lse_ptr=torch.empty(4, dtype=torch.float32), qk_scale=0.1)
     consts = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1],
                   VARLEN=False, cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
+    if "tiles" in fn.arg_names:  # packages whose packed calls may walk a tile list
+        consts.update(tiles=None)
     if "PERSISTENT" in fn.arg_names:  # packages whose dense forward walks its tiles persistently
         consts.update(QBUF=gf.q_buffers(head_dim, block_n, stages, *([consumers] if consumers != 2 else [])),
                       PERSISTENT=True)

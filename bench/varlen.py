@@ -81,18 +81,22 @@ def main() -> None:
                 out = fa.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal, deterministic=True)
                 torch.autograd.grad(out, (q, k, v), do)
             timed["ours_det"] = (None, deterministic)
-            if dim not in GLUON_VARLEN_DIMS:
-                # the Gluon forward on packed sequences where the dispatch keeps the Triton one:
-                # what moving the head dim to it would give (bench/gluon_fwd.py checks it packed)
-                gf = importlib.import_module(kernels["ours"].__name__ + "._gluon_fwd")
-                timed["gluon"] = (_no_grad(lambda gf=gf, causal=causal, dim=dim: gf.gluon_attention_forward(
-                    q, k, v, softmax_scale=dim ** -0.5, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                    max_seqlen_q=max_len)), None)
+            # the Gluon forward called directly, one program a tile and walking its sorted tile
+            # list persistently (PERSISTENT_VARLEN; check_gpu compares the two element by element);
+            # at a head dim the dispatch keeps on the Triton kernel, what moving it would give
+            gf = importlib.import_module(kernels["ours"].__name__ + "._gluon_fwd")
+            for name, persistent in (("gluon", False), ("walk", True)):
+                timed[name] = (_no_grad(lambda gf=gf, causal=causal, dim=dim, persistent=persistent:
+                                        gf.gluon_attention_forward(
+                                            q, k, v, softmax_scale=dim ** -0.5, causal=causal, cu_seqlens_q=cu,
+                                            cu_seqlens_k=cu, max_seqlen_q=max_len, persistent=persistent)), None)
             rows.append(harness.attention_row(row, timed, flop))
             if row.get("ours_fwdbwd") and row.get("ours_det_fwdbwd"):
                 row["vs_det_fwdbwd"] = row["ours_fwdbwd"] / row["ours_det_fwdbwd"]
-            if row.get("gluon_fwd") and row.get("ours_fwd"):
+            if row.get("gluon_fwd") and row.get("ours_fwd") and dim not in GLUON_VARLEN_DIMS:
                 row["gluon_vs_ours_fwd"] = row["gluon_fwd"] / row["ours_fwd"]
+            if row.get("walk_fwd") and row.get("gluon_fwd"):
+                row["walk_vs_gluon_fwd"] = row["walk_fwd"] / row["gluon_fwd"]
             print(row, flush=True)
         del q, k, v, pq, pk, pv
         torch.cuda.empty_cache()
@@ -101,7 +105,8 @@ def main() -> None:
                    ours_fwdbwd="ours f+b", sdpa_cudnn_fwdbwd="cuDNN f+b (padded)",
                    sdpa_flash_fwdbwd="FA2 f+b (padded)", ours_det_fwdbwd="ours f+b deterministic",
                    ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b", vs_det_fwdbwd="ours/deterministic f+b",
-                   gluon_fwd="Gluon fwd (not dispatched)", gluon_vs_ours_fwd="Gluon/ours fwd")
+                   gluon_fwd="Gluon fwd, a program a tile", gluon_vs_ours_fwd="Gluon/ours fwd (not dispatched)",
+                   walk_fwd="Gluon fwd, persistent walk", walk_vs_gluon_fwd="walk/a program a tile")
     if args.baseline:
         columns.update(harness.BASELINE_COLUMNS)
     path = harness.write_results(
@@ -112,9 +117,11 @@ def main() -> None:
                "medians. FLOPs of the real tokens only (4·H·n²·D per "
                "sequence, halved when causal; 3.5x for forward+backward). 'deterministic': the kernel called "
                "with deterministic=True, which runs the Triton backward (dQ in its own kernel); the default runs "
-               "the Gluon backward where _gluon_dispatch.MEASURED_FASTER_BWD_VARLEN lists the head dim. 'Gluon fwd "
-               "(not dispatched)': the Gluon forward called directly at a head dim whose packed forward the "
-               "dispatch keeps on the Triton kernel."],
+               "the Gluon backward where _gluon_dispatch.MEASURED_FASTER_BWD_VARLEN lists the head dim. 'Gluon fwd': "
+               "the Gluon forward called directly, one program a tile (what the dispatch runs at head dims "
+               f"{', '.join(map(str, GLUON_VARLEN_DIMS))}) and walking its tile list, sorted longest first on "
+               "the GPU, one program per SM (_gluon_fwd.PERSISTENT_VARLEN); 'Gluon/ours' at a head dim whose "
+               "packed forward the dispatch keeps on the Triton kernel."],
         extra=dict(lengths=lens))
     print(path.read_text())
 

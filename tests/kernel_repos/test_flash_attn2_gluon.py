@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import itertools
 import re
 import warnings
 
@@ -301,6 +302,57 @@ def test_kernel_compiles_for_sm90_to_wgmma_and_bulk_copies(head_dim, causal, var
     # dense calls: one program per SM walks its tiles (the grid's size read in the kernel);
     # packed ones take their tile from the program's coordinates
     assert ("%nctaid.x" in ptx) == (not varlen)
+
+
+def test_packed_calls_can_walk_a_tile_list_persistently(tmp_path):
+    # PERSISTENT_VARLEN: one program per SM takes its tiles from the list packed_tiles builds
+    _gluon_fwd()
+    done = run_compiling_child(GLUON_FWD_SM90_CHILD, (128, 1, 1, 2, *["shipped"] * 9, "persistent"), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = done.stdout
+    assert "%nctaid.x" in ptx  # the programs' count, for the snake deal
+    assert re.search(r"@%p\d+ st\.global", ptx)  # the output still leaves through the masked store
+    assert not re.search(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)
+    assert ".local" not in ptx
+
+
+def _snake_walk(table: torch.Tensor, heads: int, programs: int) -> list:
+    """The (pair, head) tiles each program takes, by the kernel's own arithmetic (its my_n and _tile)."""
+    n_live = int(table[0]) * heads
+    rounds = n_live // programs
+    walks = []
+    for pid in range(programs):
+        my_n = rounds + int(pid + (rounds % 2) * (programs - 1 - 2 * pid) < n_live % programs)
+        ts = [i * programs + pid + (i % 2) * (programs - 1 - 2 * pid) for i in range(my_n)]
+        walks.append([(int(table[1 + t // heads]), t % heads) for t in ts])
+    return walks
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_tile_list_holds_each_live_tile_once_longest_first(causal):
+    gf = _gluon_fwd()
+    lens_q, lens_k = [300, 0, 129, 1000, 64], [300, 5, 700, 1000, 64]
+    cu = lambda lens: torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)  # noqa: E731
+    tile_m, block_n, heads = 128, 128, 3
+    n_m = -(-max(lens_q) // tile_m)
+    table = gf.packed_tiles(cu(lens_q), cu(lens_k), n_m, tile_m, block_n, causal)
+    assert table.dtype == torch.int32 and table.shape == (1 + len(lens_q) * n_m,)
+    live = [(b, m) for b, n in enumerate(lens_q) for m in range(n_m) if m * tile_m < n]
+    assert int(table[0]) == len(live)
+    pairs = [divmod(int(p), n_m) for p in table[1:1 + len(live)]]
+    assert sorted(pairs) == live
+
+    def blocks(b, m):  # key blocks the row block reads (causal: up to its last row's diagonal)
+        hi = min(lens_k[b], (m + 1) * tile_m + lens_k[b] - lens_q[b]) if causal else lens_k[b]
+        return max(-(-hi // block_n), 1)
+    costs = [blocks(b, m) for b, m in pairs]
+    assert costs == sorted(costs, reverse=True)
+    for programs in (1, 4, 7, 132):
+        walks = _snake_walk(table, heads, programs)
+        taken = sorted(t for walk in walks for t in walk)
+        assert taken == sorted((b * n_m + m, h) for b, m in live for h in range(heads))
+        # the snake: no program takes more than one tile more than another
+        assert max(map(len, walks)) - min(map(len, walks)) <= 1
 
 
 def _bar_syncs_per_key_block(ptx: str) -> list:

@@ -108,8 +108,15 @@ SHORT_CAUSAL_TILES = {
 ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
 SHARED_BYTES = 220 * 1024  # of the 227 KB a Hopper block may take, room left for the mbarriers
 # dense calls: one program per SM walks pairs of tiles (the next tile's Q and first K/V blocks
-# load while this one's output leaves); False: one program per tile, as packed calls always run
+# load while this one's output leaves); False: one program per tile
 PERSISTENT = True
+# packed calls: one program per SM walks the live tiles, sorted longest first on the GPU
+# (packed_tiles: a few small torch operations a call, no host sync) and dealt out in a snake,
+# which a model of the dispatch puts within 1 % of the hardware's own balance
+# (bench/results/varlen_schedule.md); False: one program per tile, the hardware dispatching them.
+# Why it might pay: the dense call gained 4.5-12 % going persistent (bench/NOTES.md). Not timed
+# yet, so packed calls keep one program per tile
+PERSISTENT_VARLEN = False
 # (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
 # warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
 # default partition (the first consumer) gets what maxnreg leaves, 240
@@ -385,10 +392,21 @@ def _sequence_bounds(cu_seqlens_q, cu_seqlens_k, b):
 
 
 @gluon.jit
-def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, CAUSAL: gl.constexpr,
+def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, tiles, CAUSAL: gl.constexpr,
           VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, TILE_M: gl.constexpr):
     """The program's i-th tile: (off_m, batch coordinate, head, q_row0, k_row0, seqlen_q, seqlen_k)."""
-    if PERSISTENT:
+    if PERSISTENT and VARLEN:
+        # packed sequences: the live (sequence, row block) pairs, sorted longest first on the GPU
+        # (packed_tiles), each pair's heads one after another, dealt out in a snake: round i
+        # goes from program 0 up when i is even and from the last program down when it is odd
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        t = i * nprog + pid + (i % 2) * (nprog - 1 - 2 * pid)
+        pair = gl.load(tiles + 1 + t // heads)
+        m = pair % n_m
+        b = pair // n_m
+        h = t % heads
+    elif PERSISTENT:
         # programs take pairs of tiles in turn; within a (batch, head) the tiles go in zig-zag
         # order of their row blocks (0, n-1, 1, n-2, ...), so a causal pair is a short and a long
         # one and every program gets about the same work
@@ -403,11 +421,13 @@ def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, CAUSAL:
                 m = n_m - 1 - r // 2
         else:
             m = r
+        b = bh // heads
+        h = bh % heads
     else:
         m = gl.program_id(0)
         bh = gl.program_id(1)
-    b = bh // heads
-    h = bh % heads
+        b = bh // heads
+        h = bh % heads
     if VARLEN:
         # packed sequences: one [1, total, H, D] view, the descriptors' batch coordinate 0
         q_row0, sq, k_row0, sk = _sequence_bounds(cu_seqlens_q, cu_seqlens_k, b)
@@ -433,7 +453,7 @@ def _key_blocks(off_m, seqlen_q, seqlen_k, TILE_M: gl.constexpr, BLOCK_N: gl.con
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
-              seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k, CAUSAL: gl.constexpr,
+              seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k, tiles, CAUSAL: gl.constexpr,
               VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
@@ -442,7 +462,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
     c = 0  # key blocks this program has streamed: the ring's position
     for i in range(my_n):
         off_m, tb, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
-                                                     CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
+                                                     tiles, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
         hk = h // group
         n_end = _key_blocks(off_m, sq, sk, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
         # K_0 first: its ring slot frees before this tile's Q buffer does (one Q buffer: only
@@ -584,7 +604,7 @@ def _hand_back_after_copy(bar):
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc, o_ptr, stride_on,
               stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m, my_n, cu_seqlens_q,
-              cu_seqlens_k, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+              cu_seqlens_k, tiles, qk_scale, W: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
               STAGES: gl.constexpr, VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, QBUF: gl.constexpr,
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
               THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
@@ -605,7 +625,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
     prev_qi = 0  # the Q/O buffer whose output copy is in flight (DEFER)
     for i in range(my_n):
         off_m, b, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
-                                                    CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
+                                                    tiles, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
         n_end = _key_blocks(off_m, sq, sk, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
         row0 = off_m + W * ROWS
         diag = sk - sq
@@ -712,7 +732,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
 # 1) would compile the kernel again for shapes that differ only in their batch or length
 @gluon.jit(do_not_specialize=("n_m", "n_tiles"))
 def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh,
-                    cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k, heads, group, n_m, n_tiles, qk_scale,
+                    cu_seqlens_q, cu_seqlens_k, tiles, seqlen_q, seqlen_k, heads, group, n_m, n_tiles, qk_scale,
                     CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, QBUF: gl.constexpr,
                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, VARLEN: gl.constexpr,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
@@ -726,7 +746,16 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype)
 
-    if PERSISTENT:
+    if PERSISTENT and VARLEN:
+        # the live tiles, counted on the GPU (packed_tiles): a tile in every full round of the
+        # snake (_tile), and one more where this program's place in the last round is below what
+        # is left over
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        n_live = gl.load(tiles) * heads
+        rounds = n_live // nprog
+        my_n = rounds + (pid + (rounds % 2) * (nprog - 1 - 2 * pid) < n_live % nprog).to(gl.int32)
+    elif PERSISTENT:
         # the tiles of pairs pid, pid + P, pid + 2P, ... (P programs); the last pair may hold one
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
@@ -734,7 +763,9 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
         my_n = 2 * my_pairs - (2 * (pid + (my_pairs - 1) * nprog) + 1 >= n_tiles).to(gl.int32)
     else:
         my_n = 1
-    if VARLEN:
+    if PERSISTENT and VARLEN:
+        live = True  # every tile this program takes has rows: my_n counts live ones only
+    elif VARLEN:
         b = gl.program_id(1) // heads
         live = gl.program_id(0) * (CONSUMERS * ROWS) < gl.load(cu_seqlens_q + b + 1) - gl.load(cu_seqlens_q + b)
     else:
@@ -778,38 +809,38 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
-                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
                              LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
-                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
                              LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
-                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
                              LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
-                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
+                             tiles, CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
             ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
-                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
                              LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
-                             my_n, cu_seqlens_q, cu_seqlens_k, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
+                             my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
                              LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
-                             CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
+                             tiles, CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -839,6 +870,26 @@ def call_tile(head_dim: int, causal: bool, tokens: int, varlen: bool) -> Tuple[i
     if short is not None and causal and not varlen and tokens <= short[0]:
         return short[1]
     return TILES[head_dim]
+
+
+def packed_tiles(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, n_m: int, tile_m: int, block_n: int,
+                 causal: bool) -> torch.Tensor:
+    """The persistent packed call's tile list, built on the GPU without a host sync: int32
+    ``[1 + batch * n_m]``, entry 0 the number of live (sequence, row block) pairs, then every pair
+    as ``b * n_m + m``, the live ones first, longest (most key blocks read) first; the kernel
+    deals each live pair's heads out in a snake (``_tile``). Raises nothing."""
+    lens_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    lens_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    rows = torch.arange(0, n_m * tile_m, tile_m, device=cu_seqlens_q.device, dtype=torch.int32)
+    live = rows < lens_q[:, None]
+    if causal:  # a row block reads keys up to its last row's diagonal (bottom-right aligned)
+        keys = torch.minimum(lens_k[:, None], rows + (tile_m + lens_k - lens_q)[:, None])
+    else:
+        keys = lens_k[:, None].expand_as(live)
+    # a dead pair sorts last (-1); a live one that reads no key still costs its one block
+    blocks = torch.where(live, torch.clamp((keys + block_n - 1) // block_n, min=1), -1)
+    order = torch.argsort(blocks.flatten(), descending=True, stable=True)
+    return torch.cat([live.sum(dtype=torch.int32).view(1), order.to(torch.int32)])
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -953,7 +1004,7 @@ def gluon_attention_forward(
     Packed sequences: q ``[total_q, H, D]``, k/v ``[total_k, Hk, D]`` with int32 ``cu_seqlens_q``
     / ``cu_seqlens_k`` and ``max_seqlen_q``; out like q, lse ``[H, total_q]`` (``_triton_fwd``'s
     varlen layouts). ``tile`` (BLOCK_N, STAGES) overrides :func:`call_tile` and ``persistent``
-    :data:`PERSISTENT` (benchmarks; packed calls always run one program per tile), ``consumers``
+    :data:`PERSISTENT` (packed calls: :data:`PERSISTENT_VARLEN`), ``consumers``
     (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
     ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
     names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`
@@ -989,8 +1040,15 @@ def gluon_attention_forward(
     consumers = consumers or CONSUMERS.get(head_dim, 2)
     tile_m = consumers * ROWS
     n_m = (seqlen_q + tile_m - 1) // tile_m  # not triton.cdiv: a jit-wrapped helper, µs a call
-    persistent = (PERSISTENT if persistent is None else persistent) and not varlen
-    if persistent:
+    if persistent is None:
+        persistent = PERSISTENT_VARLEN if varlen else PERSISTENT
+    tiles = None
+    if persistent and varlen:
+        # programs enough for every (sequence, row block, head) triple, which bounds the live ones
+        tiles = packed_tiles(cu_seqlens_q, cu_seqlens_k, n_m, tile_m, block_n, causal)
+        n_tiles = 0
+        grid = (min(n_m * batch * heads, _sm_count(q.device)), 1)
+    elif persistent:
         n_tiles = n_m * batch * heads
         grid = (min((n_tiles + 1) // 2, _sm_count(q.device)), 1)
     else:
@@ -1001,7 +1059,7 @@ def gluon_attention_forward(
         # the output's pointer and strides serve the packed store only: None (compile-time) for dense calls
         _descriptor(o4, ROWS, head_dim), *((out, out.stride(-3), out.stride(-2)) if varlen else (None, None, None)),
         lse if store_lse else out,
-        *lse_strides, cu_seqlens_q, cu_seqlens_k if varlen else None,
+        *lse_strides, cu_seqlens_q, cu_seqlens_k if varlen else None, tiles,
         seqlen_q, seqlen_k, heads, heads // heads_k, n_m, n_tiles, float(softmax_scale) * LOG2E,
     )
     regs = REGS if consumers == 2 else REGS_3
@@ -1016,12 +1074,13 @@ def gluon_attention_forward(
                   head_dim in UNROLL2 if unroll2 is None else bool(unroll2),
                   head_dim in DEFERRED_STORE if deferred_store is None else bool(deferred_store),
                   head_dim in PACK_P if pack_p is None else bool(pack_p))
-    _LAUNCHERS[varlen, consumers]((*grid, 1), args, constexprs, 4, 1)
+    _LAUNCHERS[varlen, consumers, tiles is not None]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
 
 
-# the launches through _launch's cached path, one Launcher per (packed, consumers): a dense
-# call's argument slots hold None where a packed one's hold the output's pointer and strides,
-# and the register split (maxnreg) differs with the number of consumers
-_LAUNCHERS = {(varlen, n): Launcher(_gluon_attn_fwd, maxnreg=(REGS if n == 2 else REGS_3)[2])
-              for varlen in (False, True) for n in (2, 3)}
+# the launches through _launch's cached path, one Launcher per (packed, consumers, tile list): a
+# dense call's argument slots hold None where a packed one's hold the output's pointer and
+# strides, a per-tile packed call's None where a persistent one's holds its tile list, and the
+# register split (maxnreg) differs with the number of consumers
+_LAUNCHERS = {(varlen, n, listed): Launcher(_gluon_attn_fwd, maxnreg=(REGS if n == 2 else REGS_3)[2])
+              for varlen in (False, True) for n in (2, 3) for listed in ((False, True) if varlen else (False,))}
