@@ -45,7 +45,9 @@ Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3'
   from tile to tile: the producer loads the next tile's first key block and, with a second set
   of Q buffers (:func:`q_buffers`; one set at head_dim 256), its Q while this tile's output
   still leaves through the first. At 1k tokens that measured 1.12x the same kernel launched
-  one program per tile, what packed calls keep (their tiles' lengths are known only on the GPU).
+  one program per tile, what packed calls run by default. Their tiles' lengths are known only on
+  the GPU, so a persistent packed call (:data:`PERSISTENT_VARLEN`, not timed yet) walks a list
+  that :func:`packed_tiles` sorts there, longest first, dealt out in a snake.
 
 Measured and not kept (``bench/NOTES.md``, ``bench/results/gluon_fwd*.md``): one partition of
 two warpgroups that issue their own copies behind a CTA barrier per step (0.84-0.88x this
