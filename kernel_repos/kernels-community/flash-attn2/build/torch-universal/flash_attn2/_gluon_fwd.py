@@ -394,16 +394,21 @@ def _sequence_bounds(cu_seqlens_q, cu_seqlens_k, b):
 
 
 @gluon.jit
+def _snake(i, pid, nprog):
+    """Program pid's place in round i of a snake deal over nprog programs: from program 0 up when
+    i is even, from the last program down when it is odd."""
+    return pid + (i % 2) * (nprog - 1 - 2 * pid)
+
+
+@gluon.jit
 def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, tiles, CAUSAL: gl.constexpr,
           VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, TILE_M: gl.constexpr):
     """The program's i-th tile: (off_m, batch coordinate, head, q_row0, k_row0, seqlen_q, seqlen_k)."""
     if PERSISTENT and VARLEN:
         # packed sequences: the live (sequence, row block) pairs, sorted longest first on the GPU
-        # (packed_tiles), each pair's heads one after another, dealt out in a snake: round i
-        # goes from program 0 up when i is even and from the last program down when it is odd
-        pid = gl.program_id(0)
+        # (packed_tiles), each pair's heads one after another, dealt out in a snake
         nprog = gl.num_programs(0)
-        t = i * nprog + pid + (i % 2) * (nprog - 1 - 2 * pid)
+        t = i * nprog + _snake(i, gl.program_id(0), nprog)
         pair = gl.load(tiles + 1 + t // heads)
         m = pair % n_m
         b = pair // n_m
@@ -756,7 +761,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
         nprog = gl.num_programs(0)
         n_live = gl.load(tiles) * heads
         rounds = n_live // nprog
-        my_n = rounds + (pid + (rounds % 2) * (nprog - 1 - 2 * pid) < n_live % nprog).to(gl.int32)
+        my_n = rounds + (_snake(rounds, pid, nprog) < n_live % nprog).to(gl.int32)
     elif PERSISTENT:
         # the tiles of pairs pid, pid + P, pid + 2P, ... (P programs); the last pair may hold one
         pid = gl.program_id(0)
