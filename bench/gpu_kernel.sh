@@ -17,6 +17,9 @@
 # choices (deferred store, exp2 emulation, two key blocks a trip, three consumers, 64-key tiles, P converted in
 # pairs) beside the shipped kernel, variants at head_dim 64 (OUT/variants_d64), variants128 at 128 and 256
 # (OUT/variants_d128, OUT/variants_d256).
+# decodesplit (not in the default list): bench/e2e_decode_split.py, a transformers decode step at the
+# Llama-3-8B shape: the attention call's host time inside generate, ours beside sdpa, and the decode's
+# slice choices (merged in the launch, a second merge kernel, one slice).
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.
@@ -58,5 +61,6 @@ want variants128 && step 180 python3 bench/gluon_fwd.py --kernels gluon,gluon_pk
     --head-dims 256 --seqs 4096,16384 --out "$RES/variants_d256" --commit "${COMMIT:-unknown}"
 want ncu && step 200 python3 bench/ncu_limits.py --out "$RES" --commit "${COMMIT:-unknown}"
 want ncusource && step 200 python3 bench/ncu_source.py --out "$RES" --commit "${COMMIT:-unknown}"
+want decodesplit && step 200 python3 bench/e2e_decode_split.py --out "$RES" --commit "${COMMIT:-unknown}"
 want e2e && step 200 python3 bench/e2e_transformers.py --shape llama-3-8b --out "$RES" --commit "${COMMIT:-unknown}"
 echo "=== done $(date -u +%T)"

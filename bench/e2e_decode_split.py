@@ -1,0 +1,182 @@
+"""Where a transformers decode step's time goes: the attention call's own host time inside a
+real ``generate``, for the shipped kernel (through kernel_loader's bridge) and for sdpa, and the
+step time with the shipped decode's two choices that trade host time for GPU time.
+
+Why: end to end (``bench/results/e2e_transformers_llama_3_8b.md``) a decode step through the
+bridge can come out a few percent slower than sdpa, while the attention call timed alone costs
+the host what sdpa's does (``host_overhead.md``, at a one-slice shape). This measures the call
+where it runs, in the model, at the Llama-3-8B shape, where the shipped decode splits the keys
+into slices and merges them in the same launch.
+
+Rows (interleaved rounds of one greedy ``generate`` each, after a prefill of the prompt):
+
+* ``sdpa`` (PyTorch's choice of backend),
+* ``ours`` (``kernels-community/flash-attn2`` through the bridge, the shipped decode),
+* ``ours, two kernels``: the slices merged by a second kernel (``MERGE_IN_KERNEL = False``),
+* ``ours, one slice``: every row read whole by one program (``choose_num_splits`` -> 1).
+
+Columns: ms per decode step (median over the steps of a generate, a sync at each step; then the
+median over rounds), paired against sdpa per round (sdpa ÷ row, above 1: faster), and the host
+µs spent inside the attention function per decode call (no sync inside: the host's own time).
+
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/e2e_decode_split.py            # on a GPU
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/e2e_decode_split.py --smoke --out /tmp/x   # tiny, any machine
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import harness
+
+KERNEL = "kernels-community/flash-attn2"
+SHAPE = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+FULL = dict(batch=4, prompt=4096, new_tokens=64, rounds=7, layers=8)
+SMOKE = dict(batch=2, prompt=32, new_tokens=4, rounds=2, layers=2)
+
+
+def _decode_modules() -> list:
+    """Every loaded copy of the shipped kernel's decode module (the bridge may load its own)."""
+    return [m for name, m in list(sys.modules.items())
+            if name.endswith("._triton_decode") and hasattr(m, "MERGE_IN_KERNEL")]
+
+
+class _Variant:
+    """Sets a decode variant on every loaded copy of the decode module, and puts it back."""
+
+    def __init__(self) -> None:
+        self.saved: list = []
+
+    def set(self, variant: str) -> None:
+        self.reset()
+        for m in _decode_modules():
+            self.saved.append((m, m.MERGE_IN_KERNEL, m.choose_num_splits))
+            if variant == "two kernels":
+                m.MERGE_IN_KERNEL = False
+            elif variant == "one slice":
+                m.choose_num_splits = lambda *a, **k: 1
+
+    def reset(self) -> None:
+        for m, merge, choose in self.saved:
+            m.MERGE_IN_KERNEL, m.choose_num_splits = merge, choose
+        self.saved = []
+
+
+class _HostClock:
+    """Wraps an attention function: host seconds spent inside it on decode calls (one query token)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.seconds, self.calls = fn, 0.0, 0
+
+    def __call__(self, module, query, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(module, query, *args, **kwargs)
+        finally:
+            if query.shape[2] == 1:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for a check on any machine")
+    args = parser.parse_args()
+    sizes = SMOKE if args.smoke else FULL
+
+    import torch
+    import transformers
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    import kernel_loader.attention.backends.flash as flash_backend
+    import kernel_loader.integrations.transformers as klt
+
+    sys.path.insert(0, str(harness.REPO_ROOT / "bench"))
+    from e2e_transformers import _StepClock
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shape = SHAPE if not args.smoke else dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                              num_key_value_heads=2, head_dim=64)
+    config = transformers.LlamaConfig(**shape, num_hidden_layers=sizes["layers"], vocab_size=128256,
+                                      max_position_embeddings=8192, tie_word_embeddings=True)
+    klt.enable()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+    ids = torch.randint(3, config.vocab_size, (sizes["batch"], sizes["prompt"]),
+                        generator=torch.Generator().manual_seed(1)).to(device)
+    mask = torch.ones_like(ids)
+
+    # host clocks: transformers looks sdpa up by name on every layer; the bridge's attention
+    # function calls the flash backend's _forward, looked up as a module global on every call
+    sdpa_clock = _HostClock(ALL_ATTENTION_FUNCTIONS["sdpa"])
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_clock
+    ours_clock = _HostClock(None)  # its counters only: the wrapper sits one level down
+    inner_forward = flash_backend._forward
+
+    def clocked_forward(fk, module, query, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return inner_forward(fk, module, query, *a, **k)
+        finally:
+            if query.shape[2] == 1:
+                ours_clock.seconds += time.perf_counter() - t0
+                ours_clock.calls += 1
+    flash_backend._forward = clocked_forward
+
+    rows_spec = {"sdpa": ("sdpa", None), "ours": (KERNEL, None),
+                 "ours, two kernels": (KERNEL, "two kernels"), "ours, one slice": (KERNEL, "one slice")}
+    variant = _Variant()
+    steps: dict = {name: [] for name in rows_spec}
+    host: dict = {name: [] for name in rows_spec}
+
+    def before(name: str) -> None:
+        impl, choice = rows_spec[name]
+        model.set_attn_implementation(impl)
+        variant.set(choice or "")
+
+    def run(name: str) -> None:
+        clock = _StepClock(device)
+        hc = sdpa_clock if name == "sdpa" else ours_clock
+        hc.seconds, hc.calls = 0.0, 0
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=sizes["new_tokens"],
+                           min_new_tokens=sizes["new_tokens"], do_sample=False, pad_token_id=0,
+                           stopping_criteria=transformers.StoppingCriteriaList([clock]))
+        steps[name].append(clock.median_step_ms())
+        host[name].append(hc.seconds / max(hc.calls, 1) * 1e6)
+
+    contenders = {name: (lambda name=name: run(name)) for name in rows_spec}
+    harness.paired(contenders, rounds=sizes["rounds"], calls=1, device=device, before=before)
+    variant.reset()
+    flash_backend._forward = inner_forward
+    klt.disable()
+
+    rounds = sizes["rounds"]
+    rows = []
+    for name in rows_spec:
+        timed = steps[name][-rounds:]  # the timed rounds', not the warm-up's
+        row = {"attention": name, "decode_ms": statistics.median(timed),
+               "vs_sdpa": str(harness.ratio(steps["sdpa"][-rounds:], timed)) if name != "sdpa" else "—",
+               "host_us": statistics.median(host[name][-rounds:])}
+        print(row)
+        rows.append(row)
+    harness.write_results(
+        "e2e_decode_split", rows,
+        title="A transformers decode step: the attention call's host time in the model, and the decode's slice choices",
+        columns={"attention": "attention", "decode_ms": "decode ms/step", "vs_sdpa": "vs sdpa, paired (sdpa ÷ row)",
+                 "host_us": "host µs inside the attention call, per decode call"},
+        out_dir=args.out, commit=args.commit,
+        notes=[f"Llama shape {shape}, {sizes['layers']} layers, random weights, {str(dtype).split('.')[-1]}; "
+               f"batch {sizes['batch']} × {sizes['prompt']} prompt tokens, {sizes['new_tokens']} greedy tokens; "
+               f"{rounds} interleaved rounds (one generate each) after a warm-up round. 'two kernels': the slices "
+               "merged by a second kernel; 'one slice': each row read whole by one program."],
+        extra={"steps_ms": steps, "host_us": host, "sizes": sizes,
+               "decode_modules": [m.__name__ for m in _decode_modules()]})
+
+
+if __name__ == "__main__":
+    main()
