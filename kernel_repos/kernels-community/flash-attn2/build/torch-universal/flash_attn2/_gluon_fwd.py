@@ -46,8 +46,8 @@ Why this shape (Gluon gives the control plain Triton does not; FlashAttention-3'
   of Q buffers (:func:`q_buffers`; one set at head_dim 256), its Q while this tile's output
   still leaves through the first. At 1k tokens that measured 1.12x the same kernel launched
   one program per tile, what packed calls run by default. Their tiles' lengths are known only on
-  the GPU, so a persistent packed call (:data:`PERSISTENT_VARLEN`, not timed yet) walks a list
-  that :func:`packed_tiles` sorts there, longest first, dealt out in a snake.
+  the GPU, so a persistent packed call (:data:`PERSISTENT_VARLEN`, off: it measured slower)
+  walks a list that :func:`packed_tiles` sorts there, longest first, dealt out in a snake.
 
 Measured and not kept (``bench/NOTES.md``, ``bench/results/gluon_fwd*.md``): one partition of
 two warpgroups that issue their own copies behind a CTA barrier per step (0.84-0.88x this
@@ -116,8 +116,9 @@ PERSISTENT = True
 # (packed_tiles: a few small torch operations a call, no host sync) and dealt out in a snake,
 # which a model of the dispatch puts within 1 % of the hardware's own balance
 # (bench/results/varlen_schedule.md); False: one program per tile, the hardware dispatching them.
-# Why it might pay: the dense call gained 4.5-12 % going persistent (bench/NOTES.md). Not timed
-# yet, so packed calls keep one program per tile
+# The dense call gained 4.5-12 % going persistent, but on the H200 this walk measured 0.56-0.97x
+# the per-tile call on 8 packed sequences of 128-4096 tokens (bench/results/varlen.md, the
+# 'walk' column; same bits), so packed calls keep one program per tile
 PERSISTENT_VARLEN = False
 # (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
 # warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
