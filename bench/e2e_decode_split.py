@@ -93,9 +93,6 @@ def main() -> None:
     import kernel_loader.attention.backends.flash as flash_backend
     import kernel_loader.integrations.transformers as klt
 
-    sys.path.insert(0, str(harness.REPO_ROOT / "bench"))
-    from e2e_transformers import _StepClock
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     shape = SHAPE if not args.smoke else dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
@@ -139,7 +136,7 @@ def main() -> None:
         variant.set(choice or "")
 
     def run(name: str) -> None:
-        clock = _StepClock(device)
+        clock = harness.StepClock(device)
         hc = sdpa_clock if name == "sdpa" else ours_clock
         hc.seconds, hc.calls = 0.0, 0
         with torch.no_grad():

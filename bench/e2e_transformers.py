@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 
 import harness
 
@@ -47,34 +46,6 @@ SHAPES = {
                        num_key_value_heads=8, head_dim=128),
 }
 SHAPE_SIZES = {"llama-3-8b": dict(batch=4, prompt=4096, new_tokens=128, rounds=9, layers=8, parity=(2, 512))}
-
-
-class _StepClock:
-    """A stopping criterion that never stops: it notes the time of every call (one per generated
-    token, after a sync on a GPU), so a ``generate`` yields its per-step durations."""
-
-    def __init__(self, device: str) -> None:
-        self.device = device
-        self.times: list[float] = []
-
-    def __call__(self, input_ids, scores, **kwargs):
-        import torch
-
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    def median_step_ms(self) -> float:
-        """The median of the gaps between calls, in ms (the first call ends the prefill)."""
-        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
-        return statistics.median(gaps) * 1000 if gaps else float("nan")
-
-    def fast_step_ms(self) -> float:
-        """The 10th percentile of the gaps, in ms: the step's own cost with less of the host's
-        noise, which adds time to a step and never takes any away."""
-        gaps = sorted(b - a for a, b in zip(self.times, self.times[1:]))
-        return gaps[len(gaps) // 10] * 1000 if gaps else float("nan")
 
 
 def _sdpa_flash_only():
@@ -146,7 +117,7 @@ def main() -> None:
     fast_steps: dict = {}  # label -> per call, the 10th percentile ms of its decode steps
 
     def generate(label: str):
-        clock = _StepClock(device)
+        clock = harness.StepClock(device)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=sizes["new_tokens"],
                              min_new_tokens=sizes["new_tokens"], do_sample=False, pad_token_id=0,
                              stopping_criteria=transformers.StoppingCriteriaList([clock]))

@@ -73,6 +73,9 @@ API (everything else here is private):
 ``with_setting(module, name, value, call)``
     ``call()`` with ``module.name`` set to ``value`` for its duration (a kernel module's setting
     read per call).
+``StepClock(device)``
+    A ``generate`` stopping criterion that never stops and notes the time of every step (after a
+    sync on a GPU): ``median_step_ms()``, ``fast_step_ms()`` (the 10th percentile).
 ``compile_gluon_forward(gf, head_dim, causal, *, tile=None, consumers=None, **choices)``
     The dense Gluon forward of a ``_gluon_fwd`` module compiled for sm90 without a GPU (Triton's
     compiled kernel: ``.asm["ptx"]``, ``.asm["cubin"]``), with the consumers and per-head-dim
@@ -668,3 +671,31 @@ def ncu_stall_shares(header: list, data: list) -> dict:
     reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
     total = sum(int(r[samples] or 0) for r in data) or 1
     return {header[i][len("stall_"):]: sum(int(r[i] or 0) for r in data) / total for i in reasons}
+
+
+class StepClock:
+    """A stopping criterion that never stops: it notes the time of every call (one per generated
+    token, after a sync on a GPU), so a ``generate`` yields its per-step durations."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def median_step_ms(self) -> float:
+        """The median of the gaps between calls, in ms (the first call ends the prefill)."""
+        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
+        return statistics.median(gaps) * 1000 if gaps else float("nan")
+
+    def fast_step_ms(self) -> float:
+        """The 10th percentile of the gaps, in ms: the step's own cost with less of the host's
+        noise, which adds time to a step and never takes any away."""
+        gaps = sorted(b - a for a, b in zip(self.times, self.times[1:]))
+        return gaps[len(gaps) // 10] * 1000 if gaps else float("nan")
