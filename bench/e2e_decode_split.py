@@ -13,7 +13,9 @@ Rows (interleaved rounds of one greedy ``generate`` each, after a prefill of the
 * ``sdpa`` (PyTorch's choice of backend),
 * ``ours`` (``kernels-community/flash-attn2`` through the bridge, the shipped decode),
 * ``ours, two kernels``: the slices merged by a second kernel (``MERGE_IN_KERNEL = False``),
-* ``ours, one slice``: every row read whole by one program (``choose_num_splits`` -> 1).
+* ``ours, one slice``: every row read whole by one program (``choose_num_splits`` -> 1),
+* ``ours, fresh partials``: the slices' partial results in buffers allocated each call
+  (``REUSE_PARTIALS = False``) instead of the stream's kept pair.
 
 Columns: ms per decode step (median over the steps of a generate, a sync at each step; then the
 median over rounds), paired against sdpa per round (sdpa ÷ row, above 1: faster), and the host
@@ -52,15 +54,17 @@ class _Variant:
     def set(self, variant: str) -> None:
         self.reset()
         for m in _decode_modules():
-            self.saved.append((m, m.MERGE_IN_KERNEL, m.choose_num_splits))
+            self.saved.append((m, m.MERGE_IN_KERNEL, m.choose_num_splits, m.REUSE_PARTIALS))
             if variant == "two kernels":
                 m.MERGE_IN_KERNEL = False
             elif variant == "one slice":
                 m.choose_num_splits = lambda *a, **k: 1
+            elif variant == "fresh partials":
+                m.REUSE_PARTIALS = False
 
     def reset(self) -> None:
-        for m, merge, choose in self.saved:
-            m.MERGE_IN_KERNEL, m.choose_num_splits = merge, choose
+        for m, merge, choose, reuse in self.saved:
+            m.MERGE_IN_KERNEL, m.choose_num_splits, m.REUSE_PARTIALS = merge, choose, reuse
         self.saved = []
 
 
@@ -116,7 +120,8 @@ def main() -> None:
     ALL_ATTENTION_FUNCTIONS["sdpa"], flash_backend._forward = sdpa_clock, ours_clock
 
     rows_spec = {"sdpa": ("sdpa", None), "ours": (KERNEL, None),
-                 "ours, two kernels": (KERNEL, "two kernels"), "ours, one slice": (KERNEL, "one slice")}
+                 "ours, two kernels": (KERNEL, "two kernels"), "ours, one slice": (KERNEL, "one slice"),
+                 "ours, fresh partials": (KERNEL, "fresh partials")}
     variant = _Variant()
     steps: dict = {name: [] for name in rows_spec}
     host: dict = {name: [] for name in rows_spec}
@@ -163,7 +168,8 @@ def main() -> None:
         notes=[f"Llama shape {shape}, {sizes['layers']} layers, random weights, {str(dtype).split('.')[-1]}; "
                f"batch {sizes['batch']} × {sizes['prompt']} prompt tokens, {sizes['new_tokens']} greedy tokens; "
                f"{rounds} interleaved rounds (one generate each) after a warm-up round. 'two kernels': the slices "
-               "merged by a second kernel; 'one slice': each row read whole by one program."],
+               "merged by a second kernel; 'one slice': each row read whole by one program; 'fresh partials': "
+               "the slices' partial results allocated each call instead of kept per stream."],
         extra={"steps_ms": steps, "host_us": host, "sizes": sizes,
                "decode_modules": [m.__name__ for m in _decode_modules()]})
 

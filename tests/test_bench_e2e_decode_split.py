@@ -23,7 +23,8 @@ def test_the_smoke_run_times_every_contender_and_finds_the_decode_module(tmp_pat
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "e2e_decode_split.json").read_text())
-    assert [r["attention"] for r in data["rows"]] == ["sdpa", "ours", "ours, two kernels", "ours, one slice"]
+    assert [r["attention"] for r in data["rows"]] == ["sdpa", "ours", "ours, two kernels", "ours, one slice",
+                                                     "ours, fresh partials"]
     for row in data["rows"]:
         assert row["decode_ms"] > 0 and row["host_us"] > 0, row
     # the variants had a module to act on: the copy of the decode the bridge itself loaded
@@ -41,7 +42,9 @@ def test_a_variant_changes_the_loaded_decode_and_reset_puts_it_back():
         variant.set("one slice")  # the previous variant is undone first
         assert dec.MERGE_IN_KERNEL == merge
         assert dec.choose_num_splits(10_000, 1 << 20, 132, True, 64) == 1
+        variant.set("fresh partials")
+        assert dec.REUSE_PARTIALS is False and dec.choose_num_splits is choose
     finally:
         variant.reset()
-    assert dec.MERGE_IN_KERNEL == merge and dec.choose_num_splits is choose
+    assert dec.MERGE_IN_KERNEL == merge and dec.choose_num_splits is choose and dec.REUSE_PARTIALS is True
     assert choose(4, 1 << 16, 132, True, 64) > 1  # the real rule splits a long row of few programs

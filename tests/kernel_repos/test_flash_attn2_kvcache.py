@@ -56,6 +56,12 @@ def path(request, monkeypatch):
             return original(shape, dtype, device).fill_(float("nan"))
 
         monkeypatch.setattr(decode, "_alloc", poisoned)
+        partials = decode._partials
+
+        def poisoned_partials(*args):  # a reused pair holds the last call's values: NaN them too
+            return tuple(t.fill_(float("nan")) for t in partials(*args))
+
+        monkeypatch.setattr(decode, "_partials", poisoned_partials)
     return request.param
 
 
@@ -309,6 +315,7 @@ def test_the_last_slice_merges_in_the_same_launch_and_leaves_the_counters_at_zer
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     decode = _load("_triton_decode")
     monkeypatch.setattr(decode, "_COUNTERS", {})
+    monkeypatch.setattr(decode, "_PARTIALS", {})
     launches = []
     for attr in ("_SPLIT", "_COMBINE"):
         def counted(*args, _attr=attr, _launch=getattr(decode, attr)):
@@ -345,6 +352,7 @@ def test_arrival_counters_are_one_buffer_per_stream_and_a_captured_graph_gets_it
     replay shares them with eager calls."""
     decode = _load("_triton_decode")
     monkeypatch.setattr(decode, "_COUNTERS", {})
+    monkeypatch.setattr(decode, "_PARTIALS", {})
     device = torch.device("cpu")
     first = decode._counters(device, 10, 7)
     assert decode._counters(device, 10, 7) is first and first.numel() >= 10 and not first.any()
@@ -358,6 +366,60 @@ def test_arrival_counters_are_one_buffer_per_stream_and_a_captured_graph_gets_it
     assert captured.numel() >= 10 and not captured.any()
     assert captured is not decode._arrival_counters(device, 10, True, capturing=True)
     assert all(buf is not captured for buf in decode._COUNTERS.values())
+
+
+def test_partials_are_one_pair_per_stream_kept_between_calls_and_a_captured_graph_gets_its_own(monkeypatch):
+    """A call read in several slices writes its partial results into its stream's pair, kept for
+    the next call of the same shape (no allocation on the host's path), replaced when the shape
+    changes; other streams, a CUDA graph being captured and ``REUSE_PARTIALS = False`` get fresh
+    ones, none cached."""
+    decode = _load("_triton_decode")
+    monkeypatch.setattr(decode, "_PARTIALS", {})
+    stream = [7]
+    monkeypatch.setattr(decode, "_current_stream", lambda device: stream[0])
+    device, shape = torch.device("cpu"), (5, 3, 8, 2, 32)
+    o, lse = decode._partials(device, shape, True, False)
+    assert o.shape == shape and lse.shape == shape[:-1] and o.dtype == lse.dtype == torch.float32
+    again = decode._partials(device, shape, True, False)
+    assert again[0] is o and again[1] is lse
+    stream[0] = 8
+    other = decode._partials(device, shape, True, False)
+    assert other[0] is not o
+    stream[0] = 7
+    grown = decode._partials(device, (6, 3, 8, 2, 32), True, False)
+    assert grown[0].shape == (6, 3, 8, 2, 32) and grown[0] is not o
+    assert decode._partials(device, (6, 3, 8, 2, 32), True, False)[0] is grown[0]
+    captured = decode._partials(device, (6, 3, 8, 2, 32), True, True)
+    assert captured[0] is not grown[0] and all(pair[0] is not captured[0] for pair in decode._PARTIALS.values())
+    monkeypatch.setattr(decode, "REUSE_PARTIALS", False)
+    assert decode._partials(device, (6, 3, 8, 2, 32), True, False)[0] is not grown[0]
+
+
+def test_a_call_after_a_longer_one_reads_nothing_the_longer_one_left_in_the_partials(monkeypatch):
+    """The kept partials of a call over long rows, poisoned, then a call of the same shape over
+    shorter rows (slices past a row's end, an empty row): every slice writes its own partial, so
+    the result equals the one computed with fresh buffers."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    decode = _load("_triton_decode")
+    monkeypatch.setattr(decode, "_PARTIALS", {})
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    q = torch.randn(3, 2, 8, 32, generator=gen)
+    k_cache = torch.randn(3, 120, 2, 32, generator=gen)
+    v_cache = torch.randn(3, 120, 2, 32, generator=gen)
+    flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([120, 120, 120], dtype=torch.int32),
+                            num_splits=5)
+    (kept,) = decode._PARTIALS.values()
+    for t in kept:
+        t.fill_(float("nan"))
+    short = torch.tensor([30, 0, 77], dtype=torch.int32)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=short, causal=True, num_splits=5,
+                                       return_softmax_lse=True)
+    assert decode._PARTIALS[next(iter(decode._PARTIALS))][0] is kept[0]  # the same pair was used
+    monkeypatch.setattr(decode, "REUSE_PARTIALS", False)
+    want_out, want_lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=short, causal=True,
+                                                 num_splits=5, return_softmax_lse=True)
+    assert not out.isnan().any() and torch.allclose(out, want_out, atol=1e-6)
+    assert torch.equal(lse, want_lse)
 
 
 def test_argument_errors_name_the_problem():
@@ -467,6 +529,7 @@ def test_a_row_read_in_one_slice_takes_the_one_split_tile_on_sm90(monkeypatch, s
     monkeypatch.setattr(decode, "_current_stream", lambda device: 0)
     monkeypatch.setattr(decode, "_capturing", lambda: False)
     monkeypatch.setattr(decode, "_COUNTERS", {})
+    monkeypatch.setattr(decode, "_PARTIALS", {})
     device = torch.device("cuda", 0)
     monkeypatch.setitem(decode._SETUP, (128, device), decode.gpu_setup(128, (9, 0) if sm90 else (8, 0), 132))
 

@@ -225,6 +225,7 @@ def test_the_gpu_path_reads_no_device_value_on_the_host(monkeypatch):
     monkeypatch.setattr(decode, "_current_stream", lambda device: 0)  # host values: no GPU here to ask
     monkeypatch.setattr(decode, "_capturing", lambda: False)
     monkeypatch.setattr(decode, "_COUNTERS", {})  # the fake counters stay in this test
+    monkeypatch.setattr(decode, "_PARTIALS", {})  # so do the fake partials
     monkeypatch.setitem(autograd._CUDA_BACKENDS, device, "gpu")
     monkeypatch.setitem(decode._SETUP, (D, device), decode.gpu_setup(D, (9, 0), 132))  # an H100/H200's
     monkeypatch.setitem(fwd._CAPABILITY, device, (9, 0))

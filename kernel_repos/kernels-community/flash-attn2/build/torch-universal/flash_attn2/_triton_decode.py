@@ -487,6 +487,36 @@ def _counters(device: torch.device, n: int, stream: int) -> torch.Tensor:
     return buf
 
 
+# The partial outputs and LSEs of a call read in several slices live in a buffer per (device,
+# stream), kept from one call to the next; False: fresh ones each call. Why: eager decoding is
+# paced by the host (a Llama-3-8B-shaped decode step, bench/results/e2e_transformers_*.md), and
+# two allocations a call were the host cost the split path adds over a one-slice call. Safe to
+# reuse: a call's slices and its merge run on the stream that the next call on that stream
+# waits for; every slice writes its partial, an empty one too, so nothing of an earlier call is
+# read. A graph being captured gets its own (a replay may run beside eager calls). Size: splits
+# x the output in float32, a few MB at most (splits shrink as rows grow); read per call.
+REUSE_PARTIALS = True
+# (device, stream) -> (partial outputs, partial LSEs) of the last split call on that stream
+_PARTIALS: dict = {}
+
+
+def _partials(device: torch.device, shape: tuple[int, int, int, int, int], on_gpu: bool,
+              capturing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 partial outputs ``shape`` = ``[splits, B, Hq, Sq, D]`` and partial LSEs
+    ``[splits, B, Hq, Sq]`` of one split launch: the current stream's pair when
+    :data:`REUSE_PARTIALS` is on and not capturing a CUDA graph (replaced when the shape
+    changes), else fresh ones. Raises nothing."""
+    if capturing or not REUSE_PARTIALS:
+        return _alloc(shape, torch.float32, device), _alloc(shape[:-1], torch.float32, device)
+    key = (device, _current_stream(device) if on_gpu else 0)
+    held = _PARTIALS.get(key)
+    if held is None or held[0].shape != shape:
+        # the old pair goes back to torch's allocator, reused on this stream only after the
+        # launches queued on it (the same reasoning as the arrival counters)
+        held = _PARTIALS[key] = (_alloc(shape, torch.float32, device), _alloc(shape[:-1], torch.float32, device))
+    return held
+
+
 _SETUP: dict = {}
 
 # sm90, head_dim 65-128: the tile of a call that reads each row in one slice. With one split the
@@ -649,12 +679,11 @@ def decode_attention(
         o_target, l_target = out, lse
         o_strides = (0, seqlen_q * num_heads * hd, hd, num_heads * hd)
         l_strides = (0, num_heads * seqlen_q, seqlen_q, 1)
-    else:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged below
-        o_target = _alloc((splits, batch, num_heads, seqlen_q, head_dim), torch.float32, device)
-        l_target = _alloc((splits, batch, num_heads, seqlen_q), torch.float32, device)
+    capturing = splits > 1 and on_gpu and _capturing()
+    if splits > 1:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged below
+        o_target, l_target = _partials(device, (splits, batch, num_heads, seqlen_q, head_dim), on_gpu, capturing)
         o_strides = (batch * num_heads * seqlen_q * hd, num_heads * seqlen_q * hd, seqlen_q * hd, hd)
         l_strides = (batch * num_heads * seqlen_q, num_heads * seqlen_q, seqlen_q, 1)
-    capturing = splits > 1 and on_gpu and _capturing()
     if merge_in_kernel is None:  # the shipped rule: merged in the launch, but not inside a CUDA graph
         merge = splits > 1 and MERGE_IN_KERNEL and not capturing
     else:
