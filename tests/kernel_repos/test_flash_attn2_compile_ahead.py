@@ -216,6 +216,7 @@ def test_a_hash_started_in_the_background_is_waited_for_instead_of_computed_agai
     monkeypatch.setattr(cache, "triton_key", slow_key)
     monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
     monkeypatch.setattr(launch, "_HASHING", None)
+    monkeypatch.setattr(launch, "_HELPER", None)
     launch.hash_compiler_in_background()
     hashing = launch._HASHING
     assert hashing is not None and hashing.daemon
@@ -238,6 +239,7 @@ def test_no_background_hash_with_the_compile_threads_off(monkeypatch):
     monkeypatch.setattr(launch, "COMPILE_THREADS", 0)
     monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
     monkeypatch.setattr(launch, "_HASHING", None)
+    monkeypatch.setattr(launch, "_HELPER", None)
     launch.hash_compiler_in_background()
     assert launch._HASHING is None
 
@@ -251,44 +253,56 @@ def test_a_failing_background_hash_leaves_the_compile_to_raise(fake_driver, monk
     monkeypatch.setattr(cache, "triton_key", broken)
     monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
     monkeypatch.setattr(launch, "_HASHING", None)
+    monkeypatch.setattr(launch, "_HELPER", None)
     launch.hash_compiler_in_background()
     launch._HASHING.join(5)
     launch._hash_compiler_once()  # returns: Triton's compile calls triton_key itself and raises there
     assert launch._COMPILER_HASHED
 
 
-def test_the_background_thread_builds_tritons_cuda_helper_after_the_hash_and_leaves_cuda_alone(monkeypatch):
+def test_tritons_cuda_helper_is_built_beside_the_hash_and_cuda_is_left_alone(monkeypatch):
     # Triton builds its CUDA helper module (C, with gcc) when its driver is first created, at the
-    # first launch; the thread builds it first, without creating the driver: that would ask torch
-    # whether CUDA is available, initialising CUDA at import, and a process the job forks later
-    # could not use CUDA any more
+    # first launch; a second background thread builds it while the first one hashes, without
+    # creating the driver: that would ask torch whether CUDA is available, initialising CUDA at
+    # import, and a process the job forks later could not use CUDA any more
     import triton.backends.nvidia.driver as nvidia_driver
     import triton.runtime.cache as cache
 
     events = []
-    release = threading.Event()
+    hashing, building = threading.Event(), threading.Event()
+    release_hash, release_helper = threading.Event(), threading.Event()
+
+    def slow_key():
+        events.append(("hash", threading.current_thread().name))
+        hashing.set()
+        release_hash.wait(5)
 
     class Helper:
         def __init__(self):
             events.append(("helper", threading.current_thread().name))
-            release.wait(5)
+            building.set()
+            release_helper.wait(5)
 
-    monkeypatch.setattr(cache, "triton_key", lambda: events.append(("hash", threading.current_thread().name)))
+    monkeypatch.setattr(cache, "triton_key", slow_key)
     monkeypatch.setattr(nvidia_driver, "CudaUtils", Helper)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: events.append(("cuda", None)) or False)
     monkeypatch.setattr(torch.cuda, "init", lambda: events.append(("cuda", None)))
     monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
     monkeypatch.setattr(launch, "_HASHING", None)
+    monkeypatch.setattr(launch, "_HELPER", None)
     launch.hash_compiler_in_background()
+    # both are under way at once: the helper does not wait for the hash
+    assert hashing.wait(5) and building.wait(5)
     waited = threading.Thread(target=launch._hash_compiler_once)
     waited.start()
+    release_hash.set()
     waited.join(0.2)
-    assert waited.is_alive()  # the first compile also waits for the helper module...
-    release.set()
+    assert waited.is_alive()  # the first compile waits for the helper module too...
+    release_helper.set()
     waited.join(5)
     assert not waited.is_alive()
-    # ...built after the hash, both on the background thread, and CUDA never asked about
-    assert events == [("hash", "flash_attn2-compiler-hash"), ("helper", "flash_attn2-compiler-hash")]
+    # ...each built once on its own thread, and CUDA never asked about
+    assert sorted(events) == [("hash", "flash_attn2-compiler-hash"), ("helper", "flash_attn2-cuda-helper")]
 
 
 def test_a_failing_helper_build_is_left_to_the_first_launch(monkeypatch):
@@ -303,6 +317,7 @@ def test_a_failing_helper_build_is_left_to_the_first_launch(monkeypatch):
     monkeypatch.setattr(nvidia_driver, "CudaUtils", NoCompiler)
     monkeypatch.setattr(launch, "_COMPILER_HASHED", False)
     monkeypatch.setattr(launch, "_HASHING", None)
+    monkeypatch.setattr(launch, "_HELPER", None)
     launch.hash_compiler_in_background()
     launch._hash_compiler_once()  # returns: Triton's driver builds it at the first launch and raises there
     assert launch._COMPILER_HASHED and not launch._HASHING.is_alive()

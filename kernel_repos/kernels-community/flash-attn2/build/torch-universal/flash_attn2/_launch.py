@@ -490,6 +490,7 @@ Job = Tuple[Launcher, tuple, tuple, int, int]  # (launcher, args, constexprs, nu
 
 _COMPILER_HASHED = False
 _HASHING: Optional[threading.Thread] = None
+_HELPER: Optional[threading.Thread] = None
 
 
 def _triton_key() -> None:
@@ -517,23 +518,21 @@ def _build_cuda_utils() -> None:
         pass
 
 
-def _prepare_compiler() -> None:
-    """The background thread's work: Triton's compiler hash, then its CUDA helper module."""
-    _triton_key()
-    _build_cuda_utils()
-
-
 def hash_compiler_in_background() -> None:
     """Start computing Triton's hash of its own compiler (see :func:`_hash_compiler_once`) on a
-    daemon thread, once per process, and building Triton's CUDA helper module after it (see
-    :func:`_build_cuda_utils`); the first compile or cache lookup waits for both.
+    daemon thread, once per process, and building Triton's CUDA helper module (see
+    :func:`_build_cuda_utils`) on a second one beside it; the first compile or cache lookup waits
+    for both. Two threads, not one after the other: the hash reads a file and the helper runs
+    the C compiler, so side by side the first call waits for the longer of them, not their sum
+    (on an H200 host, 3.6 s of hashing then 0.46 s of gcc left a call made right after the
+    import waiting 0.42 s: bench/results/compile_report_phases.md).
 
     Why: every compile's and every cache lookup's key holds that hash (about 0.3 s of reading
     libtriton, more from a cold disk), so computed at the first call it sits on the path
     of the first call, with an empty cache and with a prepared one alike. Started when the
     package is imported, it runs while the job builds its model. Not started with the compile
     threads off (``COMPILE_THREADS`` 0). Raises nothing."""
-    global _HASHING
+    global _HASHING, _HELPER
     if _HASHING is None and not _COMPILER_HASHED and COMPILE_THREADS > 0:
         # Triton is imported here, on the calling thread. Imported for the first time on the
         # hashing thread, beside the caller's own imports, it left a Triton without `backends`
@@ -549,17 +548,19 @@ def hash_compiler_in_background() -> None:
         try:  # the helper module's builder, for the same reason
             import triton.backends.nvidia.driver  # noqa: F401
             import triton.runtime.build  # noqa: F401
-        except ImportError:  # a Triton without a CUDA backend: the thread only hashes
+        except ImportError:  # a Triton without a CUDA backend: the helper thread builds nothing
             pass
-        _HASHING = threading.Thread(target=_prepare_compiler, name="flash_attn2-compiler-hash", daemon=True)
+        _HASHING = threading.Thread(target=_triton_key, name="flash_attn2-compiler-hash", daemon=True)
         _HASHING.start()
+        _HELPER = threading.Thread(target=_build_cuda_utils, name="flash_attn2-cuda-helper", daemon=True)
+        _HELPER.start()
 
 
 def _hash_compiler_once() -> None:
     """Have Triton's hash of its own compiler (``triton.runtime.cache.triton_key``: it reads the
     whole libtriton library) computed before anything compiles: wait for the thread that
-    :func:`hash_compiler_in_background` started (it also builds Triton's CUDA helper module), or
-    compute it on the calling thread.
+    :func:`hash_compiler_in_background` started (and the one building Triton's CUDA helper
+    module beside it), or compute it on the calling thread.
 
     Why: every compile's cache key holds that hash, and Triton caches it without a lock, so
     threads that compile at once each compute it again, in 1 MB reads that take and release the
@@ -570,6 +571,8 @@ def _hash_compiler_once() -> None:
         return
     if _HASHING is not None:
         _HASHING.join()
+        if _HELPER is not None:  # the first launch creates Triton's driver, which loads the helper
+            _HELPER.join()
     else:
         _triton_key()
     # set once the hash is cached: a compile thread that checks meanwhile waits for it too
