@@ -85,16 +85,21 @@ def main() -> None:
             # list persistently (PERSISTENT_VARLEN; check_gpu compares the two element by element);
             # at a head dim the dispatch keeps on the Triton kernel, what moving it would give
             gf = importlib.import_module(kernels["ours"].__name__ + "._gluon_fwd")
-            for name, persistent in (("gluon", False), ("walk", True)):
-                timed[name] = (_no_grad(lambda gf=gf, causal=causal, dim=dim, persistent=persistent:
+            # and one a tile without the LSE, as the dispatched inference call runs it (need_lse off):
+            # a gap between 'ours' and the direct call is then the wrapper's or the LSE's
+            for name, persistent, lse in (("gluon", False, True), ("walk", True, True), ("gluon_nolse", False, False)):
+                timed[name] = (_no_grad(lambda gf=gf, causal=causal, dim=dim, persistent=persistent, lse=lse:
                                         gf.gluon_attention_forward(
                                             q, k, v, softmax_scale=dim ** -0.5, causal=causal, cu_seqlens_q=cu,
-                                            cu_seqlens_k=cu, max_seqlen_q=max_len, persistent=persistent)), None)
+                                            cu_seqlens_k=cu, max_seqlen_q=max_len, persistent=persistent,
+                                            store_lse=lse)), None)
             rows.append(harness.attention_row(row, timed, flop))
             if row.get("ours_fwdbwd") and row.get("ours_det_fwdbwd"):
                 row["vs_det_fwdbwd"] = row["ours_fwdbwd"] / row["ours_det_fwdbwd"]
             if row.get("gluon_fwd") and row.get("ours_fwd") and dim not in GLUON_VARLEN_DIMS:
                 row["gluon_vs_ours_fwd"] = row["gluon_fwd"] / row["ours_fwd"]
+            if row.get("gluon_nolse_fwd") and row.get("ours_fwd"):
+                row["ours_vs_nolse_fwd"] = row["ours_fwd"] / row["gluon_nolse_fwd"]
             if row.get("walk_fwd") and row.get("gluon_fwd"):
                 row["walk_vs_gluon_fwd"] = row["walk_fwd"] / row["gluon_fwd"]
             print(row, flush=True)
@@ -106,7 +111,9 @@ def main() -> None:
                    sdpa_flash_fwdbwd="FA2 f+b (padded)", ours_det_fwdbwd="ours f+b deterministic",
                    ratio_fwd="ours/cuDNN fwd", ratio_fwdbwd="ours/cuDNN f+b", vs_det_fwdbwd="ours/deterministic f+b",
                    gluon_fwd="Gluon fwd, a program a tile", gluon_vs_ours_fwd="Gluon/ours fwd (not dispatched)",
-                   walk_fwd="Gluon fwd, persistent walk", walk_vs_gluon_fwd="walk/a program a tile")
+                   walk_fwd="Gluon fwd, persistent walk", walk_vs_gluon_fwd="walk/a program a tile",
+                   gluon_nolse_fwd="Gluon fwd, a program a tile, no LSE",
+                   ours_vs_nolse_fwd="ours/Gluon no LSE fwd")
     if args.baseline:
         columns.update(harness.BASELINE_COLUMNS)
     path = harness.write_results(
@@ -121,7 +128,9 @@ def main() -> None:
                "the Gluon forward called directly, one program a tile (what the dispatch runs at head dims "
                f"{', '.join(map(str, GLUON_VARLEN_DIMS))}) and walking its tile list, sorted longest first on "
                "the GPU, one program per SM (_gluon_fwd.PERSISTENT_VARLEN); 'Gluon/ours' at a head dim whose "
-               "packed forward the dispatch keeps on the Triton kernel."],
+               "packed forward the dispatch keeps on the Triton kernel; 'no LSE': the direct call without "
+               "the LSE, as the dispatched inference call runs (ours/Gluon no LSE below 1 at a dispatched "
+               "head dim: the wrapper's cost)."],
         extra=dict(lengths=lens))
     print(path.read_text())
 
