@@ -96,6 +96,12 @@ def main() -> None:
         q, k, v = mk(hq), mk(hk), mk(hk)
         qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))  # SDPA's [B, H, S, D]
         do, dot = torch.randn_like(q), torch.randn_like(qt)
+        if graphs:
+            # inside a compiled model attention's inputs are made in the graph; handed in from outside
+            # they would be copied into the graph's own buffers at every replay (~256 MB a step here)
+            # unless marked as staying at their address
+            for t in (q, k, v, qt, kt, vt, do, dot):
+                torch._dynamo.mark_static_address(t)
         row: dict = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal)
         try:
             row["same"] = same_numbers(fa, q, k, v, do, causal, **options)
@@ -111,6 +117,9 @@ def main() -> None:
         # timed call, as harness.sdpa does for the eager column
         expanded = getattr(cudnn_eager, "expanded_kv", False)
         ke, ve = (t.repeat_interleave(hq // hk, 1) for t in (kt, vt)) if expanded else (kt, vt)
+        if graphs and expanded:
+            for t in (ke, ve):
+                torch._dynamo.mark_static_address(t)
         gqa = hq != hk and not expanded
 
         def cudnn(q, k, v):
@@ -149,7 +158,9 @@ def main() -> None:
             notes=[f"The median over {harness.ROUNDS} interleaved rounds of triton.testing.do_bench medians of "
                    "one forward+backward (torch.autograd.grad); 'compiled': torch.compile(fullgraph=True, "
                    "mode='reduce-overhead'). FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
-                   "forward+backward. SDPA gets [B, H, S, D] views, forced onto cuDNN.",
+                   "forward+backward. SDPA gets [B, H, S, D] views, forced onto cuDNN. Inputs and the "
+                   "output gradient marked static (torch._dynamo.mark_static_address): not copied into the "
+                   "graph's buffers at each replay, as activations made inside a compiled model are not.",
                    "'compiled = eager': the compiled step's output and gradients equal the eager call's bit for "
                    "bit (deterministic=True)."])
         torch._dynamo.reset()
