@@ -494,7 +494,8 @@ def _counters(device: torch.device, n: int, stream: int) -> torch.Tensor:
 # reuse: a call's slices and its merge run on the stream that the next call on that stream
 # waits for; every slice writes its partial, an empty one too, so nothing of an earlier call is
 # read. A graph being captured gets its own (a replay may run beside eager calls). Size: splits
-# x the output in float32, a few MB at most (splits shrink as rows grow); read per call.
+# x the output in float32 (0.85 MB at batch 4 x 32 heads x d128 in 13 slices; splits shrink as
+# the programs grow, so the automatic choice stays under ~50 MB); read per call.
 REUSE_PARTIALS = True
 # (device, stream) -> (partial outputs, partial LSEs) of the last split call on that stream
 _PARTIALS: dict = {}
