@@ -186,8 +186,8 @@ def _write_phases(runs: Dict[str, dict], args: Any) -> None:
         columns=dict(case="run", phase="phase (inclusive)", calls="calls", caller_s="calling thread s",
                      other_threads_s="other threads s"),
         out_dir=args.out, commit=args.commit,
-        notes=["The two empty-cache runs of compile_report.md, each a fresh process; 'compiling on the calling "
-               "thread' is FLASH_ATTN2_COMPILE_THREADS=0. Phases are timers around Triton's functions (the "
+        notes=["The empty-cache runs of compile_report.md, each a fresh process; 'compiling on the calling "
+               "thread' is FLASH_ATTN2_COMPILE_THREADS=0, 'two compile threads' =2. Phases are timers around Triton's functions (the "
                "script's WATCHED) and the package's waits; they nest, so rows overlap. 'before the call': "
                "intervals that started before the first call (the package's import and set-up)."],
         extra=dict(runs=runs))
@@ -201,7 +201,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cold, serial, prepared = Path(tmp) / "cold", Path(tmp) / "serial", Path(tmp) / "prepared"
         runs = {"empty cache": _probe(cold, phases=args.phases),
-                "empty cache, compiling on the calling thread": _probe(serial, threads=0, phases=args.phases)}
+                "empty cache, compiling on the calling thread": _probe(serial, threads=0, phases=args.phases),
+                # fewer threads compiling beside the forward: less of the GIL's time taken from its
+                # Python front end, the backward's small kernels one after the other
+                "empty cache, two compile threads": _probe(Path(tmp) / "two", threads=2, phases=args.phases)}
         for case, run in runs.items():
             rows.append(dict(case=case, **{k: v for k, v in run.items() if k.endswith("_s")}))
         if args.phases:
@@ -231,7 +234,8 @@ def main() -> None:
                      cache_files="files in folder", files_written="files written by the job"),
         out_dir=args.out, commit=args.commit,
         notes=["Each row is a new process; 'first call' is the first forward + backward, synchronized; "
-               "'compiling on the calling thread' is FLASH_ATTN2_COMPILE_THREADS=0 (no compile pool). "
+               "'compiling on the calling thread' is FLASH_ATTN2_COMPILE_THREADS=0 (no compile pool), "
+               "'two compile threads' FLASH_ATTN2_COMPILE_THREADS=2 (the shipped pool has 4). "
                "'files written by the job' counts files the job added to or changed in the prepared "
                "folder (0: it only reads, so the folder can be shared read-only). \"torch's first "
                "backward\" is a two-element backward run before the first call, unrelated to the kernel: "

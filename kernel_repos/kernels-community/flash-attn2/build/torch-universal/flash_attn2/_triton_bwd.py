@@ -630,9 +630,10 @@ def attention_backward(
     if gluon and compile_only:
         acc = torch.empty(acc_rows, block_d, dtype=torch.float32, device="meta")
         plan = (delta_launch(acc), cast_launch(acc))
-        return _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device) + \
-            _lazy.module("_gluon_bwd").compile_ahead(q, k, v, do, lse, delta, acc, dk, dv,
-                                                     softmax_scale=softmax_scale, causal=causal, **packed)
+        # the Gluon kernel first: the longest compile takes the first free thread
+        ahead = _lazy.module("_gluon_bwd").compile_ahead(q, k, v, do, lse, delta, acc, dk, dv,
+                                                         softmax_scale=softmax_scale, causal=causal, **packed)
+        return ahead + _launch.compile_all([(k_, a_, c_, w_, s_) for k_, _g, a_, c_, w_, s_ in plan], q.device)
     if compile_only:
         cfg = config if config is not None else _configs.pick("bwd", cap, block_d)
         fused = dq_mode(cap, block_d, cfg[0][4], deterministic, causal, sk_max)
