@@ -20,6 +20,8 @@
 # decodesplit (not in the default list): bench/e2e_decode_split.py, a transformers decode step at the
 # Llama-3-8B shape: the attention call's host time inside generate, ours beside sdpa, and the decode's
 # slice choices (merged in the launch, a second merge kernel, one slice).
+# decodehost (not in the default list): bench/decode_host.py, the host time of that decode call taken apart
+# (pointer addresses, the capture query, the partials, the merge, one slice, Python alone) beside sdpa.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.
@@ -62,5 +64,6 @@ want variants128 && step 180 python3 bench/gluon_fwd.py --kernels gluon,gluon_pk
 want ncu && step 200 python3 bench/ncu_limits.py --out "$RES" --commit "${COMMIT:-unknown}"
 want ncusource && step 200 python3 bench/ncu_source.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodesplit && step 200 python3 bench/e2e_decode_split.py --out "$RES" --commit "${COMMIT:-unknown}"
+want decodehost && step 60 python3 bench/decode_host.py --out "$RES" --commit "${COMMIT:-unknown}"
 want e2e && step 200 python3 bench/e2e_transformers.py --shape llama-3-8b --out "$RES" --commit "${COMMIT:-unknown}"
 echo "=== done $(date -u +%T)"

@@ -1,0 +1,134 @@
+"""Where the host time of one sliced decode call goes: the shipped call beside variants that each
+take one part away, and SDPA, at the end-to-end decode shape (batch 4, GQA 32/8, head_dim 128,
+4100 keys: 13 slices merged in the launch).
+
+Why: in a transformers decode step the shipped call spends 20-30 µs more host time than sdpa's
+(``bench/results/e2e_decode_split.md``), and reading each row in one slice removes that gap but
+costs GPU time. This splits the gap into its parts. Rows:
+
+* ``shipped``;
+* ``pointer addresses``: direct launches pass tensor addresses, not tensors
+  (``_launch.POINTER_ADDRESSES``: the C launcher then skips a data_ptr() call and a driver query
+  per pointer);
+* ``no capture query``: the CUDA-graph capture check answered without asking the driver;
+* ``fresh partials``: the slices' partial results allocated per call (``REUSE_PARTIALS = False``);
+* ``two kernels``: merged by a second kernel (``MERGE_IN_KERNEL = False``);
+* ``one slice``: each row read whole (``choose_num_splits`` -> 1);
+* ``Python only``: the shipped call with both kernel launches replaced by no-ops;
+* ``sdpa``: ``scaled_dot_product_attention(enable_gqa=True)`` on the same tensors.
+
+Host µs: the fastest of 7 samples of 300 calls issued while the GPU is kept busy (no sync
+inside: the host's issue time alone). GPU µs: ``do_bench`` median (Python-only row: none).
+
+    python bench/decode_host.py [--out DIR]       # on a GPU
+    python bench/decode_host.py --smoke           # a tiny shape through the interpreter, any machine
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Callable, Dict
+
+import harness
+
+SHAPE = dict(batch=4, heads=32, kv_heads=8, head_dim=128, keys=4100)
+SMOKE = dict(batch=1, heads=4, kv_heads=2, head_dim=32, keys=48)
+
+
+def host_us(fn: Callable[[], object], device: str, calls: int, samples: int = 7) -> float:
+    """Fastest per-call host time over ``samples`` loops of ``calls`` calls, the GPU kept busy."""
+    import torch
+
+    for _ in range(5):
+        fn()
+    best = float("inf")
+    for _ in range(samples):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda._sleep(200_000_000)  # longer than the loop: the host never waits for the GPU
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return best
+
+
+class _Set:
+    """Sets attributes for one row and puts them back."""
+
+    def __init__(self, changes: Dict[tuple, object]) -> None:
+        self.changes, self.saved = changes, {}
+
+    def __enter__(self) -> None:
+        for (owner, name), value in self.changes.items():
+            self.saved[owner, name] = getattr(owner, name)
+            setattr(owner, name, value)
+
+    def __exit__(self, *exc) -> None:
+        for (owner, name), value in self.saved.items():
+            setattr(owner, name, value)
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__)
+    parser.add_argument("--smoke", action="store_true", help="a tiny shape through the interpreter")
+    args = parser.parse_args()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    s = SMOKE if device == "cpu" else SHAPE
+    fa = harness.kernels()["ours"]
+    dec = importlib.import_module(fa.__name__ + "._triton_decode")
+    launch = importlib.import_module(fa.__name__ + "._launch")
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(s["batch"], s["heads"], 1, s["head_dim"], device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(s["batch"], s["kv_heads"], s["keys"], s["head_dim"], device=device, dtype=dtype,
+                        generator=gen) for _ in range(2))
+
+    def ours():
+        return fa.flash_attn_decode_heads_first(q, k, v, None, True, (-1, -1), 0.0)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    want = sdpa().transpose(1, 2)
+    variants = {
+        "shipped": {},
+        "pointer addresses": {(launch, "POINTER_ADDRESSES"): True},
+        "no capture query": {(dec, "_capturing"): lambda: False},
+        "fresh partials": {(dec, "REUSE_PARTIALS"): False},
+        "two kernels": {(dec, "MERGE_IN_KERNEL"): False},
+        "one slice": {(dec, "choose_num_splits"): lambda *a, **kw: 1},
+        "Python only": {(dec, "_SPLIT"): lambda *a: None, (dec, "_COMBINE"): lambda *a: None},
+    }
+    calls = 300 if device == "cuda" else 2
+    rows = []
+    for name, changes in variants.items():
+        with _Set(changes):
+            row = dict(variant=name, host_us=host_us(ours, device, calls))
+            if name != "Python only":
+                got = ours()
+                row["max_error"] = float((got.float() - want.float()).abs().max())
+                row["gpu_us"] = harness.time_us(ours, device=device) if device == "cuda" else None
+        rows.append(row)
+        print(row, flush=True)
+    rows.append(dict(variant="sdpa", host_us=host_us(sdpa, device, calls),
+                     gpu_us=harness.time_us(sdpa, device=device) if device == "cuda" else None))
+    print(rows[-1], flush=True)
+    harness.write_results(
+        "decode_host", rows,
+        title="Host time of one sliced decode call, by part (batch 4, GQA 32/8, head_dim 128, 4100 keys)",
+        columns={"variant": "call", "host_us": "host µs/call (fastest sample)", "gpu_us": "GPU µs/call",
+                 "max_error": "max |ours - sdpa|"},
+        out_dir=args.out, commit=args.commit,
+        notes=[f"Shape {s}, {str(dtype).split('.')[-1]}; host: the fastest of 7 samples of {calls} calls issued "
+               "while the GPU sleeps (no sync inside); GPU: do_bench median. Each variant takes one part "
+               "of the shipped call away (see the script's docstring)."])
+
+
+if __name__ == "__main__":
+    main()
