@@ -7,9 +7,6 @@ Why: in a transformers decode step the shipped call spends 20-30 µs more host t
 costs GPU time. This splits the gap into its parts. Rows:
 
 * ``shipped``;
-* ``pointer addresses``: direct launches pass tensor addresses, not tensors
-  (``_launch.POINTER_ADDRESSES``: the C launcher then skips a data_ptr() call and a driver query
-  per pointer);
 * ``no capture query``: the CUDA-graph capture check answered without asking the driver;
 * ``fresh partials``: the slices' partial results allocated per call (``REUSE_PARTIALS = False``);
 * ``two kernels``: merged by a second kernel (``MERGE_IN_KERNEL = False``);
@@ -83,7 +80,6 @@ def main() -> None:
     s = SMOKE if device == "cpu" else SHAPE
     fa = harness.kernels()["ours"]
     dec = importlib.import_module(fa.__name__ + "._triton_decode")
-    launch = importlib.import_module(fa.__name__ + "._launch")
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(s["batch"], s["heads"], 1, s["head_dim"], device=device, dtype=dtype, generator=gen)
     k, v = (torch.randn(s["batch"], s["kv_heads"], s["keys"], s["head_dim"], device=device, dtype=dtype,
@@ -98,7 +94,6 @@ def main() -> None:
     want = sdpa().transpose(1, 2)
     variants = {
         "shipped": {},
-        "pointer addresses": {(launch, "POINTER_ADDRESSES"): True},
         "no capture query": {(dec, "_capturing"): lambda: False},
         "fresh partials": {(dec, "REUSE_PARTIALS"): False},
         "two kernels": {(dec, "MERGE_IN_KERNEL"): False},

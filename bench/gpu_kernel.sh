@@ -21,7 +21,7 @@
 # Llama-3-8B shape: the attention call's host time inside generate, ours beside sdpa, and the decode's
 # slice choices (merged in the launch, a second merge kernel, one slice).
 # decodehost (not in the default list): bench/decode_host.py, the host time of that decode call taken apart
-# (pointer addresses, the capture query, the partials, the merge, one slice, Python alone) beside sdpa.
+# (the capture query, the partials, the merge, one slice, Python alone) beside sdpa.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.

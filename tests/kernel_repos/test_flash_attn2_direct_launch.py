@@ -328,30 +328,3 @@ def test_direct_launches_are_on_unless_the_environment_turns_them_off(value, on)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == str(on)
 
-
-@pytest.mark.parametrize("addresses", [True, False])
-def test_with_pointer_addresses_on_the_c_function_gets_each_tensors_address(triton36, monkeypatch, addresses):
-    # the C launch function takes an int as the address itself, with no data_ptr() call and no
-    # driver query of it; None stays None (an absent optional pointer); the check mode passes
-    # tensors whatever the switch, so Triton's own checks of them still run there
-    monkeypatch.setattr(launch, "DIRECT_LAUNCH", True)
-    monkeypatch.setattr(launch, "POINTER_ADDRESSES", addresses)
-    c_launch = CLaunch()
-    jit = _FakeJit(c_launch)
-    launcher = launch.Launcher(jit)
-    launcher._fast = True
-    x = torch.zeros(64)
-    launcher((2, 1, 1), (x, 32), (16,), 4, 2)
-    launcher((3, 1, 1), (x, 48), (16,), 4, 2)
-    assert c_launch.calls[-1][-3:] == ([x.data_ptr(), 48, 16] if addresses else [x, 48, 16])
-    if addresses:
-        assert type(c_launch.calls[-1][-3]) is int
-        launcher._check = True
-        monkeypatch.setattr(launch.Launcher, "_verify", lambda *a: None)
-        launcher((3, 1, 1), (x, 48), (16,), 4, 2)
-        assert c_launch.calls[-1][-3] is x
-
-
-def test_addresses_replace_the_tensors_of_the_given_slots_and_keep_none():
-    x, y = torch.zeros(4), torch.ones(4)
-    assert launch._addresses((x, 3, None, y, 1.5), (0, 2, 3)) == (x.data_ptr(), 3, None, y.data_ptr(), 1.5)

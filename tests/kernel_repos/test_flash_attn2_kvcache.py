@@ -422,6 +422,40 @@ def test_a_call_after_a_longer_one_reads_nothing_the_longer_one_left_in_the_part
     assert torch.equal(lse, want_lse)
 
 
+def test_a_decode_launch_is_derived_once_per_shape_and_follows_the_split_rule_it_was_given(monkeypatch):
+    """Every layer of a decode step makes the same call: the launch's shape is derived once and
+    kept (keyed on the shapes, strides, lengths and options, and on the split rule and page
+    choices, which benchmarks change), the keeping bounded."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    decode = _load("_triton_decode")
+    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(decode, "_PARTIALS", {})
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 4, 32, generator=gen)
+    k_cache, v_cache = torch.randn(2, 64, 2, 32, generator=gen), torch.randn(2, 64, 2, 32, generator=gen)
+
+    def call(length=64):
+        return decode.decode_attention(q, k_cache, v_cache, total_lens=None, total_len_uniform=length,
+                                       capacity=64, block_table=None, batch_idx=None, leftpad=None,
+                                       alibi_slopes=None, softmax_scale=0.2, window_left=-1, window_right=0,
+                                       softcap=0.0)
+
+    first = call()
+    again = call()
+    assert len(decode._PLANS) == 1 and torch.equal(first[0], again[0])
+    call(40)  # another length: another launch
+    assert len(decode._PLANS) == 2
+    (plan,) = [p for key, p in decode._PLANS.items() if 40 not in key]
+    assert plan[2] > 1  # the interpreter's pretend GPU slices these rows
+    monkeypatch.setattr(decode, "choose_num_splits", lambda *a, **k: 1)
+    one = call()
+    assert len(decode._PLANS) == 3 and torch.allclose(one[0], first[0], atol=1e-5)
+    assert [p[2] for key, p in decode._PLANS.items() if 40 not in key] == [plan[2], 1]
+    monkeypatch.setattr(decode, "_PLANS_MAX", 3)
+    call(30)
+    assert len(decode._PLANS) == 1  # full: cleared, then the new one kept
+
+
 def test_argument_errors_name_the_problem():
     q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
     cache = torch.randn(2, 16, 2, 32, dtype=torch.float16)

@@ -140,7 +140,6 @@ class Launcher:
         self._cache: Dict[tuple, tuple] = {}
         self._warmed: set = set()  # keys compiled ahead by warmup (Triton holds the kernels)
         self._ptrs: Callable[[tuple], tuple] | None = None
-        self._ptr_slots: Tuple[int, ...] = ()  # positions of the tensor slots (see POINTER_ADDRESSES)
         self._descs: Callable[[tuple], tuple] | None = None  # None: the kernel takes no descriptor
         self._ints: Callable[[tuple], tuple] = _getter(())
         self._plain_ints: Callable[[tuple], tuple] = _getter(())
@@ -169,8 +168,7 @@ class Launcher:
         self._plain_ints = _getter([i for i, t in enumerate(types) if t is int and i in plain])
         descs = [i for i, t in enumerate(types) if t.__name__ == "TensorDescriptor"]
         self._descs = _getter(descs) if descs else None
-        self._ptr_slots = tuple(i for i, t in enumerate(types) if t is torch.Tensor)
-        self._ptrs = _getter(list(self._ptr_slots))
+        self._ptrs = _getter([i for i, t in enumerate(types) if t is torch.Tensor])
 
     def _key(self, device: int, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> tuple:
         # Runs on every launch: plain list comprehensions (measured faster than map() over slot
@@ -215,8 +213,6 @@ class Launcher:
                 if direct is not None and DIRECT_LAUNCH:
                     if self._check:
                         direct.verify(args + constexprs)
-                    elif POINTER_ADDRESSES:
-                        args = _addresses(args, self._ptr_slots)
                     direct(grid, self._get_stream(device), function, metadata, args + constexprs)
                     return
                 run(grid[0], grid[1], grid[2], self._get_stream(device), function, metadata,
@@ -295,22 +291,6 @@ class Launcher:
 # 115-180 us of host time off a forward+backward call (bench/results/host_overhead.md), and the
 # GPU check runs every launch through DirectLaunch.verify.
 DIRECT_LAUNCH = os.environ.get("FLASH_ATTN2_DIRECT_LAUNCH", "1") != "0"
-# Whether a direct launch hands the C launch function each tensor's address (an int) instead of
-# the tensor: for a tensor it calls data_ptr() and asks the driver whether the address is device
-# memory (cuPointerGetAttribute, to raise "cpu tensor?"), per pointer and per launch. Off: an
-# experiment, timed by bench/host_overhead.py; the check mode (FLASH_ATTN2_LAUNCH_CHECK=1) always
-# passes tensors. Read per launch.
-POINTER_ADDRESSES = False
-
-
-def _addresses(args: tuple, slots: Tuple[int, ...]) -> tuple:
-    """``args`` with the tensor in each of ``slots`` replaced by its address (None stays)."""
-    out = list(args)
-    for i in slots:
-        t = out[i]
-        if t is not None:
-            out[i] = t.data_ptr()
-    return tuple(out)
 _TMAP_MEMO_MAX = 1024
 # Triton releases (major, minor) whose CUDA launcher DirectLaunch reproduces, checked against that
 # release's own wrapper (the C function's argument list identical on the Gluon and Triton

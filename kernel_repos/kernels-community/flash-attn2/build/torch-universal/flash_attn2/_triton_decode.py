@@ -575,6 +575,88 @@ def _config_for(head_dim: int, big_smem: bool) -> tuple[int, int, int]:
     return 32, 4, 3 if big_smem else 2
 
 
+# Everything a decode launch's shape depends on -> that shape (see _plan). Why: in eager decoding
+# the host's time per call paces the step, and every layer of a step makes the same call on the
+# same shapes; deriving the launch once per step, not once per layer, takes that Python off the
+# other layers' calls. Cleared when full (the context grows by a token each step).
+_PLANS: dict = {}
+_PLANS_MAX = 256
+
+
+def _plan(q_shape: tuple, k_shape: tuple, sq: tuple, sk: tuple, sv: tuple, setup: tuple, heads_first: bool,
+          capacity: int, paged: bool, leftpad: bool, window_left: int, num_splits: int, block_m: int | None,
+          config: tuple | None) -> tuple:
+    """The launch of one decode call, from what it depends on (:func:`decode_attention`'s
+    arguments; ``setup``: :func:`_device_setup`'s answer): ``(out shape, partials shape, splits,
+    grid or None when there is nothing to compute, the nine q/k/v strides passed (divided by 16
+    when aligned), the output's and LSE's strides, KV heads, head_dim passed, BLOCK_M, BLOCK_N,
+    warps, stages, BLOCK_D, page size, preloaded table entries, one entry a block, aligned,
+    arrival counters needed, on a GPU)``. Raises nothing."""
+    if heads_first:  # [B, H, S, D] views: read them through permuted strides, no transposed views
+        batch, num_heads, seqlen_q, head_dim = q_shape
+        num_kv_heads = k_shape[1]
+        qb, qh, qs = sq[0], sq[1], sq[2]
+        kb, kh, ks = sk[0], sk[1], sk[2]
+        vb, vh, vs = sv[0], sv[1], sv[2]
+    else:
+        batch, seqlen_q, num_heads, head_dim = q_shape
+        num_kv_heads = k_shape[2]
+        qb, qs, qh = sq[0], sq[1], sq[2]
+        kb, ks, kh = sk[0], sk[1], sk[2]
+        vb, vs, vh = sv[0], sv[1], sv[2]
+    group = num_heads // num_kv_heads
+    out_shape = (batch, seqlen_q, num_heads, head_dim)
+    block_n, num_warps, num_stages, block_d, sms, on_gpu, one_split = setup
+    if batch == 0 or seqlen_q == 0:
+        return (out_shape, None, 1, None, (), (), (), num_kv_heads, head_dim, 16, block_n, num_warps, num_stages,
+                block_d, 0, 0, False, False, 0, on_gpu)
+    if config is not None:
+        block_n, num_warps, num_stages = config
+    rows = group * seqlen_q
+    if block_m is None:
+        block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
+    m_blocks = (rows + block_m - 1) // block_m
+    programs = batch * num_kv_heads * m_blocks
+    page_size = k_shape[1] if paged else 0
+    # how a paged row read in one slice (the one-split tile) would find its pages: it may be read
+    # so only without per-key lookups, and then this is the launch's answer too
+    whole_lookup = page_lookup(capacity, page_size, one_split[0], 1, leftpad, window_left) \
+        if page_size and one_split is not None and config is None and num_splits <= 0 else None
+    if num_splits > 0:
+        splits = num_splits
+    else:  # a dense cache, or a paged one read without per-key lookups, may be read whole (WHOLE_ROWS_MIN_FILL)
+        whole_rows = one_split is not None and config is None and (not paged or any(whole_lookup))
+        splits = choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
+    if splits == 1 and config is None and one_split is not None:
+        block_n, num_warps, num_stages = one_split
+    if not page_size:  # a dense cache: nothing to ask
+        preload, by_block = 0, False
+    elif whole_lookup is not None and splits == 1:  # the same question, answered above
+        preload, by_block = whole_lookup
+    else:
+        preload, by_block = page_lookup(capacity, page_size, block_n, splits, leftpad, window_left)
+    if seqlen_q == 1:
+        qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
+    # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
+    # The output strides are multiples of head_dim, so head_dim stands for them in the test.
+    aligned = not ((qb | qs | qh | kb | ks | kh | vb | vs | vh | head_dim) & 15)
+    unit = 16 if aligned else 1
+    hd = head_dim // unit
+    if splits == 1:  # out [B, Sq, Hq, D] (contiguous) and lse [B, Hq, Sq]
+        partial_shape = None
+        o_strides = (0, seqlen_q * num_heads * hd, hd, num_heads * hd)
+        l_strides = (0, num_heads * seqlen_q, seqlen_q, 1)
+    else:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq]
+        partial_shape = (splits, batch, num_heads, seqlen_q, head_dim)
+        o_strides = (batch * num_heads * seqlen_q * hd, num_heads * seqlen_q * hd, seqlen_q * hd, hd)
+        l_strides = (batch * num_heads * seqlen_q, num_heads * seqlen_q, seqlen_q, 1)
+    strides = (qb // unit, qs // unit, qh // unit, kb // unit, ks // unit, kh // unit, vb // unit, vs // unit,
+               vh // unit)
+    return (out_shape, partial_shape, splits, (splits, m_blocks, batch * num_kv_heads), strides, o_strides, l_strides,
+            num_kv_heads, hd, block_m, block_n, num_warps, num_stages, block_d, page_size, preload, by_block, aligned,
+            m_blocks * batch * num_kv_heads, on_gpu)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -624,89 +706,51 @@ def decode_attention(
     if sq[3] != 1 or sk[3] != 1 or sv[3] != 1:  # the kernel reads head_dim contiguously: copy the rare rest
         q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
         sq, sk, sv = q.stride(), k_cache.stride(), v_cache.stride()
-    if heads_first:  # [B, H, S, D] views: read them through permuted strides, no transposed views
-        batch, num_heads, seqlen_q, head_dim = q.shape
-        num_kv_heads = k_cache.shape[1]
-        qb, qh, qs = sq[0], sq[1], sq[2]
-        kb, kh, ks = sk[0], sk[1], sk[2]
-        vb, vh, vs = sv[0], sv[1], sv[2]
-    else:
-        batch, seqlen_q, num_heads, head_dim = q.shape
-        num_kv_heads = k_cache.shape[2]
-        qb, qs, qh = sq[0], sq[1], sq[2]
-        kb, ks, kh = sk[0], sk[1], sk[2]
-        vb, vs, vh = sv[0], sv[1], sv[2]
-    group = num_heads // num_kv_heads
     device = q.device
-    out = _alloc((batch, seqlen_q, num_heads, head_dim), q.dtype, device)
+    setup = _SETUP.get((q.shape[3], device)) or _device_setup(q.shape[3], device)
+    key = (q.shape, k_cache.shape, sq, sk, sv, q.dtype, device, setup, heads_first, total_len_uniform, capacity,
+           None if block_table is None else block_table.stride(0), total_lens is not None, batch_idx is not None,
+           leftpad is not None, None if alibi_slopes is None else alibi_slopes.stride(), softmax_scale,
+           window_left, window_right, softcap, num_splits, block_m, config, need_lse,
+           choose_num_splits, PAGE_BLOCKS, PRELOAD_MAX)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:  # a decode's context grows every step: keep the recent ones
+            _PLANS.clear()
+        plan = _PLANS[key] = _plan(q.shape, k_cache.shape, sq, sk, sv, setup, heads_first, capacity,
+                                   block_table is not None, leftpad is not None, window_left, num_splits,
+                                   block_m, config)
+    (out_shape, partial_shape, splits, grid, strides, o_strides, l_strides, num_kv_heads, hd, block_m, block_n,
+     num_warps, num_stages, block_d, page_size, preload, by_block, aligned, n_tiles, on_gpu) = plan
+    batch, seqlen_q, num_heads = out_shape[0], out_shape[1], out_shape[2]
+    out = _alloc(out_shape, q.dtype, device)
     lse = _alloc((batch, num_heads, seqlen_q), torch.float32, device) if need_lse else None
-    if batch == 0 or seqlen_q == 0:
+    if grid is None:  # nothing to compute
         return out, lse
-    block_n, num_warps, num_stages, block_d, sms, on_gpu, one_split = _SETUP.get((head_dim, device)) or \
-        _device_setup(head_dim, device)
-    if config is not None:
-        block_n, num_warps, num_stages = config
-    rows = group * seqlen_q
-    if block_m is None:
-        block_m = max(16, min(64, 1 << (rows - 1).bit_length()))
-    m_blocks = (rows + block_m - 1) // block_m
-    programs = batch * num_kv_heads * m_blocks
-    page_size = k_cache.shape[1] if block_table is not None else 0
-    # how a paged row read in one slice (the one-split tile) would find its pages: it may be read
-    # so only without per-key lookups, and then this is the launch's answer too
-    whole_lookup = page_lookup(capacity, page_size, one_split[0], 1, leftpad is not None, window_left) \
-        if page_size and one_split is not None and config is None and num_splits <= 0 else None
-    if num_splits > 0:
-        splits = num_splits
-    else:  # a dense cache, or a paged one read without per-key lookups, may be read whole (WHOLE_ROWS_MIN_FILL)
-        whole_rows = one_split is not None and config is None and (block_table is None or any(whole_lookup))
-        splits = choose_num_splits(programs, capacity, sms, on_gpu, block_n, whole_rows)
-    if splits == 1 and config is None and one_split is not None:
-        block_n, num_warps, num_stages = one_split
-    if not page_size:  # a dense cache: nothing to ask (host time paces eager decoding)
-        preload, by_block = 0, False
-    elif whole_lookup is not None and splits == 1:  # the same question, answered above
-        preload, by_block = whole_lookup
-    else:
-        preload, by_block = page_lookup(capacity, page_size, block_n, splits, leftpad is not None, window_left)
-    if seqlen_q == 1:
-        qs = 0  # never multiplied by anything but 0; whatever it was must not cost the alignment
-    # Row strides, each divisible by 16 when `aligned` (then passed divided by 16, see the kernel).
-    # The output strides are multiples of head_dim, so head_dim stands for them in the test.
-    aligned = not ((qb | qs | qh | kb | ks | kh | vb | vs | vh | head_dim) & 15)
-    unit = 16 if aligned else 1
-    hd = head_dim // unit
     if splits == 1:  # straight into out [B, Sq, Hq, D] (contiguous) and lse [B, Hq, Sq]
-        o_target, l_target = out, lse
-        o_strides = (0, seqlen_q * num_heads * hd, hd, num_heads * hd)
-        l_strides = (0, num_heads * seqlen_q, seqlen_q, 1)
-    capturing = splits > 1 and on_gpu and _capturing()
-    if splits > 1:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged below
-        o_target, l_target = _partials(device, (splits, batch, num_heads, seqlen_q, head_dim), on_gpu, capturing)
-        o_strides = (batch * num_heads * seqlen_q * hd, num_heads * seqlen_q * hd, seqlen_q * hd, hd)
-        l_strides = (batch * num_heads * seqlen_q, num_heads * seqlen_q, seqlen_q, 1)
+        o_target, l_target, capturing = out, lse, False
+    else:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged below
+        capturing = on_gpu and _capturing()
+        o_target, l_target = _partials(device, partial_shape, on_gpu, capturing)
     if merge_in_kernel is None:  # the shipped rule: merged in the launch, but not inside a CUDA graph
         merge = splits > 1 and MERGE_IN_KERNEL and not capturing
     else:
         merge = splits > 1 and merge_in_kernel
     _SPLIT(
-        (splits, m_blocks, batch * num_kv_heads),
+        grid,
         (
             # absent optional pointers stay None: compile-time constants the launch skips
             q, k_cache, v_cache, block_table, total_lens, batch_idx, leftpad, alibi_slopes,
-            o_target, l_target, _arrival_counters(device, m_blocks * batch * num_kv_heads, on_gpu, capturing) if merge else None,
+            o_target, l_target, _arrival_counters(device, n_tiles, on_gpu, capturing) if merge else None,
             out if merge else None, lse if merge and need_lse else None,
-            qb // unit, qs // unit, qh // unit, kb // unit, ks // unit, kh // unit,
-            vb // unit, vs // unit, vh // unit,
-            block_table.stride(0) if block_table is not None else 0,
+            *strides, block_table.stride(0) if block_table is not None else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
-            *o_strides, *l_strides,
-            seqlen_q, num_kv_heads, hd, total_len_uniform, capacity,
-            softmax_scale * _LOG2E, softcap, window_left, window_right,
+            *o_strides, *l_strides, seqlen_q, num_kv_heads, hd, total_len_uniform,
+            capacity, softmax_scale * _LOG2E, softcap, window_left, window_right,
         ),
-        (group, block_m, block_n, block_d, page_size, preload, by_block, splits, total_lens is not None,
-         batch_idx is not None, leftpad is not None, alibi_slopes is not None, softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1,
-         need_lse or splits > 1, aligned, merge, merge and need_lse,
+        (num_heads // num_kv_heads, block_m, block_n, block_d, page_size, preload, by_block, splits,
+         total_lens is not None, batch_idx is not None, leftpad is not None, alibi_slopes is not None, softcap > 0.0,
+         window_left >= 0, window_right >= 0, splits == 1, need_lse or splits > 1, aligned, merge, merge and need_lse,
          min(max(MERGE_CHUNK * 16 // block_m, 1), 1 << (splits - 1).bit_length()) if merge else 1),
         num_warps, num_stages,
     )
@@ -714,7 +758,7 @@ def decode_attention(
         _COMBINE(
             (batch * num_heads * seqlen_q, 1, 1),
             (o_target, l_target, out, lse, *o_target.stride(), *l_target.stride(), *out.stride(),
-             *(lse.stride() if need_lse else (0, 0, 0)), num_heads, seqlen_q, head_dim),
+             *(lse.stride() if need_lse else (0, 0, 0)), num_heads, seqlen_q, out_shape[3]),
             (splits, max(2, 1 << (splits - 1).bit_length()), block_d, need_lse),
             1 if device.type != "cuda" else 4, 3,  # Triton's default stage count
         )
