@@ -49,7 +49,13 @@ import torch
 
 _I32_MIN, _I32_MAX, _U64_MIN = -(2**31), 2**31 - 1, 2**63
 # Threads that compile kernels ahead of their launch (read once at import: see the docstring).
-COMPILE_THREADS = int(os.environ.get("FLASH_ATTN2_COMPILE_THREADS", "4"))
+# Two: the backward's longest compile on one, its small kernels one after the other on the other
+# (the Gluon backward's are done long before it), while the forward compiles on the calling
+# thread. More threads take more of the GIL from that forward's Python front end and LLVM stage:
+# on an H100 host the first call took 4.96 s with four threads and 3.91 s with two, the forward's
+# compile 4.47 s against 3.33 (bench/results/compile_report_phases.md; one run each, the
+# four-thread one first in a fresh machine).
+COMPILE_THREADS = int(os.environ.get("FLASH_ATTN2_COMPILE_THREADS", "2"))
 
 
 def int_spec(i: int) -> int:
