@@ -51,10 +51,10 @@ _I32_MIN, _I32_MAX, _U64_MIN = -(2**31), 2**31 - 1, 2**63
 # Threads that compile kernels ahead of their launch (read once at import: see the docstring).
 # Two: the backward's longest compile on one, its small kernels one after the other on the other
 # (the Gluon backward's are done long before it), while the forward compiles on the calling
-# thread. More threads take more of the GIL from that forward's Python front end and LLVM stage:
-# on an H100 host the first call took 4.96 s with four threads and 3.91 s with two, the forward's
-# compile 4.47 s against 3.33 (bench/results/compile_report_phases.md; one run each, the
-# four-thread one first in a fresh machine).
+# thread. More threads take more of the GIL from that forward's Python front end and LLVM stage.
+# Measured (bench/NOTES.md; each configuration a fresh process, in a fixed order that favours the
+# later runs): on an H100 host four threads (first) 4.96 s against two (third) 3.91 s, on an H200
+# host two (first) 4.76 s against four (third) 4.68 s for the first call.
 COMPILE_THREADS = int(os.environ.get("FLASH_ATTN2_COMPILE_THREADS", "2"))
 
 
