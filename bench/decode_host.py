@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Callable, Dict
+from typing import Callable
 
 import harness
 
@@ -51,22 +51,6 @@ def host_us(fn: Callable[[], object], device: str, calls: int, samples: int = 7)
         if device == "cuda":
             torch.cuda.synchronize()
     return best
-
-
-class _Set:
-    """Sets attributes for one row and puts them back."""
-
-    def __init__(self, changes: Dict[tuple, object]) -> None:
-        self.changes, self.saved = changes, {}
-
-    def __enter__(self) -> None:
-        for (owner, name), value in self.changes.items():
-            self.saved[owner, name] = getattr(owner, name)
-            setattr(owner, name, value)
-
-    def __exit__(self, *exc) -> None:
-        for (owner, name), value in self.saved.items():
-            setattr(owner, name, value)
 
 
 def main() -> None:
@@ -103,7 +87,7 @@ def main() -> None:
     calls = 300 if device == "cuda" else 2
     rows = []
     for name, changes in variants.items():
-        with _Set(changes):
+        with harness.settings(changes):
             row = dict(variant=name, host_us=host_us(ours, device, calls))
             if name != "Python only":
                 got = ours()

@@ -70,6 +70,8 @@ API (everything else here is private):
 ``DECODE_SHAPE``, ``DECODE_CONTEXTS``, ``decode_inputs(ctx) -> (q, k, v, lens, kp, vp, table)``
     The decode benchmarks' step: shape (batch, query heads, KV heads, head_dim, keys a page),
     contexts, and one step's tensors (a dense cache and the same keys over pages in random order).
+``settings({(owner, name): value, ...})``
+    A context manager: each attribute set for the ``with`` block and put back after.
 ``with_setting(module, name, value, call)``
     ``call()`` with ``module.name`` set to ``value`` for its duration (a kernel module's setting
     read per call).
@@ -102,6 +104,7 @@ API (everything else here is private):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import importlib.metadata
@@ -118,7 +121,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -476,15 +479,26 @@ def decode_inputs(ctx: int) -> tuple:
     return q, k, v, lens, kp, vp, perm.view(batch, pages).to(torch.int32)
 
 
+@contextlib.contextmanager
+def settings(changes: Mapping[tuple, Any]) -> Iterator[None]:
+    """For the ``with`` block, each ``(owner, name)`` of ``changes`` set to its value (a kernel
+    module's setting read per call); every one put back after, whatever happens."""
+    saved = {}
+    try:
+        for (owner, name), value in changes.items():
+            saved[owner, name] = getattr(owner, name)
+            setattr(owner, name, value)
+        yield
+    finally:
+        for (owner, name), value in saved.items():
+            setattr(owner, name, value)
+
+
 def with_setting(decode, name, value, call):
     """``call()`` with the decode kernel module ``decode``'s global ``name`` set to ``value``
     (``PAGE_BLOCKS``, ``PRELOAD_MAX``: read per call)."""
-    saved = getattr(decode, name)
-    setattr(decode, name, value)
-    try:
+    with settings({(decode, name): value}):
         return call()
-    finally:
-        setattr(decode, name, saved)
 
 
 def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: Optional[tuple] = None,

@@ -1,5 +1,6 @@
 """bench/decode_host.py: the smoke run (a tiny shape through the interpreter) times every
-variant of the decode call, each giving sdpa's result, and puts every changed attribute back."""
+variant of the decode call, each giving sdpa's result; a variant's settings are put back after
+its row (harness.settings)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))  # bench/ is not a package
 
-import decode_host  # noqa: E402
 import harness  # noqa: E402
 
 
@@ -33,6 +33,6 @@ def test_a_variant_is_put_back_after_its_row():
     fa = harness.shipped_kernel()
     dec = importlib.import_module(fa.__name__ + "._triton_decode")
     merge, choose = dec.MERGE_IN_KERNEL, dec.choose_num_splits
-    with decode_host._Set({(dec, "MERGE_IN_KERNEL"): not merge, (dec, "choose_num_splits"): None}):
+    with harness.settings({(dec, "MERGE_IN_KERNEL"): not merge, (dec, "choose_num_splits"): None}):
         assert dec.MERGE_IN_KERNEL is (not merge) and dec.choose_num_splits is None
     assert dec.MERGE_IN_KERNEL is merge and dec.choose_num_splits is choose

@@ -327,4 +327,3 @@ def test_direct_launches_are_on_unless_the_environment_turns_them_off(value, on)
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == str(on)
-
