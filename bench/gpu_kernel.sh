@@ -19,9 +19,9 @@
 # (OUT/variants_d128, OUT/variants_d256).
 # decodesplit (not in the default list): bench/e2e_decode_split.py, a transformers decode step at the
 # Llama-3-8B shape: the attention call's host time inside generate, ours beside sdpa, and the decode's
-# slice choices (merged in the launch, a second merge kernel, one slice).
+# slice choices (the capture query asked, one slice, fresh partials).
 # decodehost (not in the default list): bench/decode_host.py, the host time of that decode call taken apart
-# (the capture query, the partials, the merge, one slice, Python alone) beside sdpa.
+# (the capture query asked, the partials, the merge, one slice, Python alone) beside sdpa.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.

@@ -23,8 +23,8 @@ def test_the_smoke_run_times_every_contender_and_finds_the_decode_module(tmp_pat
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "e2e_decode_split.json").read_text())
-    assert [r["attention"] for r in data["rows"]] == ["sdpa", "ours", "ours, two kernels", "ours, one slice",
-                                                     "ours, fresh partials"]
+    assert [r["attention"] for r in data["rows"]] == ["sdpa", "ours", "ours, capture query asked",
+                                                     "ours, one slice", "ours, fresh partials"]
     for row in data["rows"]:
         assert row["decode_ms"] > 0 and row["host_us"] > 0, row
     # the variants had a module to act on: the copy of the decode the bridge itself loaded
@@ -34,9 +34,11 @@ def test_the_smoke_run_times_every_contender_and_finds_the_decode_module(tmp_pat
 def test_a_variant_changes_the_loaded_decode_and_reset_puts_it_back():
     fa = harness.shipped_kernel()
     dec = importlib.import_module(fa.__name__ + "._triton_decode")
-    merge, choose = dec.MERGE_IN_KERNEL, dec.choose_num_splits
+    merge, choose, capturing = dec.MERGE_IN_KERNEL, dec.choose_num_splits, dec._capturing
     variant = e2e_decode_split._Variant()
     try:
+        variant.set("capture query asked")
+        assert dec._capturing is not capturing and dec.MERGE_IN_KERNEL == merge
         variant.set("two kernels")
         assert dec.MERGE_IN_KERNEL is False and dec.choose_num_splits is choose
         variant.set("one slice")  # the previous variant is undone first
@@ -47,4 +49,5 @@ def test_a_variant_changes_the_loaded_decode_and_reset_puts_it_back():
     finally:
         variant.reset()
     assert dec.MERGE_IN_KERNEL == merge and dec.choose_num_splits is choose and dec.REUSE_PARTIALS is True
+    assert dec._capturing is capturing
     assert choose(4, 1 << 16, 132, True, 64) > 1  # the real rule splits a long row of few programs

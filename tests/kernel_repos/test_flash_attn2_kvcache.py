@@ -362,9 +362,9 @@ def test_arrival_counters_are_one_buffer_per_stream_and_a_captured_graph_gets_it
     assert grown.numel() >= 5000 and grown is not first and decode._counters(device, 10, 7) is grown
     assert decode._counters(device, 10, 8) is other
     # while a CUDA graph is captured each launch gets counters of the graph's own, none cached
-    captured = decode._arrival_counters(device, 10, True, capturing=True)
+    captured = decode._arrival_counters(device, 10, 7, capturing=True)
     assert captured.numel() >= 10 and not captured.any()
-    assert captured is not decode._arrival_counters(device, 10, True, capturing=True)
+    assert captured is not decode._arrival_counters(device, 10, 7, capturing=True)
     assert all(buf is not captured for buf in decode._COUNTERS.values())
 
 
@@ -375,24 +375,36 @@ def test_partials_are_one_pair_per_stream_kept_between_calls_and_a_captured_grap
     ones, none cached."""
     decode = _load("_triton_decode")
     monkeypatch.setattr(decode, "_PARTIALS", {})
-    stream = [7]
-    monkeypatch.setattr(decode, "_current_stream", lambda device: stream[0])
     device, shape = torch.device("cpu"), (5, 3, 8, 2, 32)
-    o, lse = decode._partials(device, shape, True, False)
+    o, lse = decode._partials(device, shape, 7, False)
     assert o.shape == shape and lse.shape == shape[:-1] and o.dtype == lse.dtype == torch.float32
-    again = decode._partials(device, shape, True, False)
+    again = decode._partials(device, shape, 7, False)
     assert again[0] is o and again[1] is lse
-    stream[0] = 8
-    other = decode._partials(device, shape, True, False)
+    other = decode._partials(device, shape, 8, False)
     assert other[0] is not o
-    stream[0] = 7
-    grown = decode._partials(device, (6, 3, 8, 2, 32), True, False)
+    grown = decode._partials(device, (6, 3, 8, 2, 32), 7, False)
     assert grown[0].shape == (6, 3, 8, 2, 32) and grown[0] is not o
-    assert decode._partials(device, (6, 3, 8, 2, 32), True, False)[0] is grown[0]
-    captured = decode._partials(device, (6, 3, 8, 2, 32), True, True)
+    assert decode._partials(device, (6, 3, 8, 2, 32), 7, False)[0] is grown[0]
+    captured = decode._partials(device, (6, 3, 8, 2, 32), 7, True)
     assert captured[0] is not grown[0] and all(pair[0] is not captured[0] for pair in decode._PARTIALS.values())
     monkeypatch.setattr(decode, "REUSE_PARTIALS", False)
-    assert decode._partials(device, (6, 3, 8, 2, 32), True, False)[0] is not grown[0]
+    assert decode._partials(device, (6, 3, 8, 2, 32), 7, False)[0] is not grown[0]
+
+
+def test_the_default_stream_is_never_asked_whether_a_graph_is_being_captured(monkeypatch):
+    """CUDA refuses to capture a graph on the default stream (raw handle 0), so a call there is
+    answered 'not capturing' without the driver query that costs host time on every sliced
+    decode call; any other stream is asked."""
+    decode = _load("_triton_decode")
+    asked = []
+
+    def query():
+        asked.append(True)
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", query)
+    assert decode._capturing(0) is False and not asked
+    assert decode._capturing(12345) is True and asked == [True]
 
 
 def test_a_call_after_a_longer_one_reads_nothing_the_longer_one_left_in_the_partials(monkeypatch):
@@ -561,7 +573,7 @@ def test_a_row_read_in_one_slice_takes_the_one_split_tile_on_sm90(monkeypatch, s
                         launches.append((grid[0], (constexprs[2], warps, stages))))
     monkeypatch.setattr(decode, "_COMBINE", lambda *args: None)
     monkeypatch.setattr(decode, "_current_stream", lambda device: 0)
-    monkeypatch.setattr(decode, "_capturing", lambda: False)
+    monkeypatch.setattr(decode, "_capturing", lambda stream: False)
     monkeypatch.setattr(decode, "_COUNTERS", {})
     monkeypatch.setattr(decode, "_PARTIALS", {})
     device = torch.device("cuda", 0)

@@ -223,7 +223,7 @@ def test_the_gpu_path_reads_no_device_value_on_the_host(monkeypatch):
         monkeypatch.setattr(module, attr, recorder(attr))
     device = torch.device("cuda", 0)
     monkeypatch.setattr(decode, "_current_stream", lambda device: 0)  # host values: no GPU here to ask
-    monkeypatch.setattr(decode, "_capturing", lambda: False)
+    monkeypatch.setattr(decode, "_capturing", lambda stream: False)
     monkeypatch.setattr(decode, "_COUNTERS", {})  # the fake counters stay in this test
     monkeypatch.setattr(decode, "_PARTIALS", {})  # so do the fake partials
     monkeypatch.setitem(autograd._CUDA_BACKENDS, device, "gpu")
@@ -242,12 +242,12 @@ def test_the_gpu_path_reads_no_device_value_on_the_host(monkeypatch):
         # split-K over many keys: the slices merge in the same launch, and while a CUDA graph is
         # captured in a second one (the graph's replays pay GPU time only)
         for capturing in (False, True):
-            monkeypatch.setattr(decode, "_capturing", lambda capturing=capturing: capturing)
+            monkeypatch.setattr(decode, "_capturing", lambda stream, capturing=capturing: capturing)
             fa.flash_attn_with_kvcache(
                 empty(1, 1, H, D), empty(64, PAGE, HK, D), empty(64, PAGE, HK, D), k=empty(1, 1, HK, D),
                 v=empty(1, 1, HK, D), cache_seqlens=empty(1, dtype=torch.int32),
                 block_table=empty(1, 64, dtype=torch.int32), causal=True)
-        monkeypatch.setattr(decode, "_capturing", lambda: False)
+        monkeypatch.setattr(decode, "_capturing", lambda stream: False)
         # the padded prefill batch, max lengths given as host ints
         out = fa.flash_attn_varlen_func(empty(64, H, D), empty(320, HK, D), empty(320, HK, D),
                                         empty(5, dtype=torch.int32), empty(5, dtype=torch.int32), 64, 1024, causal=True)

@@ -461,18 +461,27 @@ def _current_stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(device.index)
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_current_stream_capturing()
+def _capturing(stream: int) -> bool:
+    """Whether a CUDA graph is being captured on the current stream, ``stream``
+    (:func:`_current_stream`). Raises nothing.
+
+    Stream 0, the default stream eager code runs on, is answered without asking the driver:
+    CUDA refuses to begin a capture there (and PyTorch's graphs ask for another stream), while
+    the question costs ~2.7 us of host time a call (bench/results/decode_host.md), which paces
+    eager decoding.
+    """
+    return stream != 0 and torch.cuda.is_current_stream_capturing()
 
 
-def _arrival_counters(device: torch.device, n: int, on_gpu: bool, capturing: bool) -> torch.Tensor:
+def _arrival_counters(device: torch.device, n: int, stream: int, capturing: bool) -> torch.Tensor:
     """The zeroed arrival counters of one launch: the current stream's buffer (:func:`_counters`),
     or, while a CUDA graph is being captured (a merge asked for there by ``merge_in_kernel=True``),
     a buffer of the graph's own, zeroed at every replay (a graph may be replayed on any stream,
-    beside eager calls on the one it was captured on; ``capturing``: :func:`_capturing`'s answer)."""
+    beside eager calls on the one it was captured on; ``stream``: :func:`_current_stream`'s answer,
+    0 on the CPU; ``capturing``: :func:`_capturing`'s answer)."""
     if capturing:
         return torch.zeros(n, dtype=torch.int32, device=device)
-    return _counters(device, n, _current_stream(device) if on_gpu else 0)
+    return _counters(device, n, stream)
 
 
 def _counters(device: torch.device, n: int, stream: int) -> torch.Tensor:
@@ -501,15 +510,16 @@ REUSE_PARTIALS = True
 _PARTIALS: dict = {}
 
 
-def _partials(device: torch.device, shape: tuple[int, int, int, int, int], on_gpu: bool,
+def _partials(device: torch.device, shape: tuple[int, int, int, int, int], stream: int,
               capturing: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The float32 partial outputs ``shape`` = ``[splits, B, Hq, Sq, D]`` and partial LSEs
     ``[splits, B, Hq, Sq]`` of one split launch: the current stream's pair when
     :data:`REUSE_PARTIALS` is on and not capturing a CUDA graph (replaced when the shape
-    changes), else fresh ones. Raises nothing."""
+    changes), else fresh ones. ``stream``: :func:`_current_stream`'s answer, 0 on the CPU. Raises
+    nothing."""
     if capturing or not REUSE_PARTIALS:
         return _alloc(shape, torch.float32, device), _alloc(shape[:-1], torch.float32, device)
-    key = (device, _current_stream(device) if on_gpu else 0)
+    key = (device, stream)
     held = _PARTIALS.get(key)
     if held is None or held[0].shape != shape:
         # the old pair goes back to torch's allocator, reused on this stream only after the
@@ -727,10 +737,11 @@ def decode_attention(
     if grid is None:  # nothing to compute
         return out, lse
     if splits == 1:  # straight into out [B, Sq, Hq, D] (contiguous) and lse [B, Hq, Sq]
-        o_target, l_target, capturing = out, lse, False
+        o_target, l_target, stream, capturing = out, lse, 0, False
     else:  # partials [splits, B, Hq, Sq, D] and [splits, B, Hq, Sq], merged below
-        capturing = on_gpu and _capturing()
-        o_target, l_target = _partials(device, partial_shape, on_gpu, capturing)
+        stream = _current_stream(device) if on_gpu else 0
+        capturing = on_gpu and _capturing(stream)
+        o_target, l_target = _partials(device, partial_shape, stream, capturing)
     if merge_in_kernel is None:  # the shipped rule: merged in the launch, but not inside a CUDA graph
         merge = splits > 1 and MERGE_IN_KERNEL and not capturing
     else:
@@ -740,7 +751,7 @@ def decode_attention(
         (
             # absent optional pointers stay None: compile-time constants the launch skips
             q, k_cache, v_cache, block_table, total_lens, batch_idx, leftpad, alibi_slopes,
-            o_target, l_target, _arrival_counters(device, n_tiles, on_gpu, capturing) if merge else None,
+            o_target, l_target, _arrival_counters(device, n_tiles, stream, capturing) if merge else None,
             out if merge else None, lse if merge and need_lse else None,
             *strides, block_table.stride(0) if block_table is not None else 0,
             alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.dim() == 2 else 0,
