@@ -13,6 +13,8 @@ costs GPU time. This splits the gap into its parts. Rows:
 * ``two kernels``: merged by a second kernel (``MERGE_IN_KERNEL = False``);
 * ``one slice``: each row read whole (``choose_num_splits`` -> 1);
 * ``Python only``: the shipped call with both kernel launches replaced by no-ops;
+* ``shipped, timed by part``: the shipped call with a clock on each of its parts
+  (``harness.decode_parts``), the same clocks ``bench/e2e_decode_split.py`` reads in the model;
 * ``sdpa``: ``scaled_dot_product_attention(enable_gqa=True)`` on the same tensors.
 
 Host µs: the fastest of 7 samples of 300 calls issued while the GPU is kept busy (no sync
@@ -96,6 +98,12 @@ def main() -> None:
                 row["gpu_us"] = harness.time_us(ours, device=device) if device == "cuda" else None
         rows.append(row)
         print(row, flush=True)
+    with harness.decode_parts(dec) as clocks:
+        row = dict(variant="shipped, timed by part", host_us=host_us(ours, device, calls))
+        row["parts"] = " / ".join(f"{part} {us:.1f}" for part, us in
+                                  harness.parts_us(clocks, clocks["decode_attention"].calls).items())
+    rows.append(row)
+    print(row, flush=True)
     rows.append(dict(variant="sdpa", host_us=host_us(sdpa, device, calls),
                      gpu_us=harness.time_us(sdpa, device=device) if device == "cuda" else None))
     print(rows[-1], flush=True)
@@ -103,7 +111,7 @@ def main() -> None:
         "decode_host", rows,
         title="Host time of one sliced decode call, by part (batch 4, GQA 32/8, head_dim 128, 4100 keys)",
         columns={"variant": "call", "host_us": "host µs/call (fastest sample)", "gpu_us": "GPU µs/call",
-                 "max_error": "max |ours - sdpa|"},
+                 "max_error": "max |ours - sdpa|", "parts": "host µs per call, by part (mean over every call)"},
         out_dir=args.out, commit=args.commit,
         notes=[f"Shape {s}, {str(dtype).split('.')[-1]}; host: the fastest of 7 samples of {calls} calls issued "
                "while the GPU sleeps (no sync inside); GPU: do_bench median. Each variant takes one part "

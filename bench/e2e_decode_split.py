@@ -16,7 +16,11 @@ Rows (interleaved rounds of one greedy ``generate`` each, after a prefill of the
   call, the default stream too (the shipped call answers it there without asking),
 * ``ours, one slice``: every row read whole by one program (``choose_num_splits`` -> 1),
 * ``ours, fresh partials``: the slices' partial results in buffers allocated each call
-  (``REUSE_PARTIALS = False``) instead of the stream's kept pair.
+  (``REUSE_PARTIALS = False``) instead of the stream's kept pair,
+* ``ours, timed by part``: the shipped decode with a clock on each part of the call
+  (``harness.decode_parts``: the call after the entry checks, its allocations, the launcher, Triton's
+  C launch function), to set beside the same parts timed alone (``bench/decode_host.py``); the
+  clocks add a little host time of their own.
 
 Columns: ms per decode step (median over the steps of a generate, a sync at each step; then the
 median over rounds), paired against sdpa per round (sdpa ÷ row, above 1: faster), and the host
@@ -28,6 +32,7 @@ median over rounds), paired against sdpa per round (sdpa ÷ row, above 1: faster
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
@@ -47,13 +52,18 @@ def _decode_modules() -> list:
 
 
 class _Variant:
-    """Sets a decode variant on every loaded copy of the decode module, and puts it back."""
+    """Sets a decode variant on every loaded copy of the decode module, and puts it back;
+    ``parts``: the clocks of the 'timed by part' variant while it is set (else None)."""
 
     def __init__(self) -> None:
         self.saved: list = []
+        self.stack = contextlib.ExitStack()
+        self.parts: list | None = None
 
     def set(self, variant: str) -> None:
         self.reset()
+        if variant == "timed by part":
+            self.parts = [self.stack.enter_context(harness.decode_parts(m)) for m in _decode_modules()]
         for m in _decode_modules():
             self.saved.append((m, m.MERGE_IN_KERNEL, m.choose_num_splits, m.REUSE_PARTIALS, m._capturing))
             if variant == "capture query asked":
@@ -66,6 +76,8 @@ class _Variant:
                 m.REUSE_PARTIALS = False
 
     def reset(self) -> None:
+        self.stack.close()
+        self.parts = None
         for m, merge, choose, reuse, capturing in self.saved:
             m.MERGE_IN_KERNEL, m.choose_num_splits, m.REUSE_PARTIALS, m._capturing = merge, choose, reuse, capturing
         self.saved = []
@@ -124,10 +136,11 @@ def main() -> None:
 
     rows_spec = {"sdpa": ("sdpa", None), "ours": (KERNEL, None),
                  "ours, capture query asked": (KERNEL, "capture query asked"), "ours, one slice": (KERNEL, "one slice"),
-                 "ours, fresh partials": (KERNEL, "fresh partials")}
+                 "ours, fresh partials": (KERNEL, "fresh partials"), "ours, timed by part": (KERNEL, "timed by part")}
     variant = _Variant()
     steps: dict = {name: [] for name in rows_spec}
     host: dict = {name: [] for name in rows_spec}
+    parts: list = []  # per round: host µs per decode call in each part (the 'timed by part' row)
 
     def before(name: str) -> None:
         impl, choice = rows_spec[name]
@@ -144,6 +157,12 @@ def main() -> None:
                            stopping_criteria=transformers.StoppingCriteriaList([clock]))
         steps[name].append(clock.median_step_ms())
         host[name].append(hc.seconds / max(hc.calls, 1) * 1e6)
+        if variant.parts is not None:  # every loaded copy's clocks: only the bridge's copy runs
+            summed = {part: harness.PartClock(None) for part in harness.DECODE_PARTS}
+            for clocks in variant.parts:
+                for part, c in clocks.items():
+                    summed[part].seconds += c.seconds
+            parts.append(harness.parts_us(summed, hc.calls))
 
     contenders = {name: (lambda name=name: run(name)) for name in rows_spec}
     try:
@@ -154,27 +173,34 @@ def main() -> None:
         klt.disable()
 
     rounds = sizes["rounds"]
+    timed_parts = parts[-rounds:]
+    by_part = {part: statistics.median(r[part] for r in timed_parts) for part in harness.DECODE_PARTS}
     rows = []
     for name in rows_spec:
         timed = steps[name][-rounds:]  # the timed rounds', not the warm-up's
         row = {"attention": name, "decode_ms": statistics.median(timed),
                "vs_sdpa": str(harness.ratio(steps["sdpa"][-rounds:], timed)) if name != "sdpa" else "—",
-               "host_us": statistics.median(host[name][-rounds:])}
+               "host_us": statistics.median(host[name][-rounds:]),
+               "parts": " / ".join(f"{part} {us:.1f}" for part, us in by_part.items())
+               if name == "ours, timed by part" else "—"}
         print(row)
         rows.append(row)
     harness.write_results(
         "e2e_decode_split", rows,
         title="A transformers decode step: the attention call's host time in the model, and the decode's slice choices",
         columns={"attention": "attention", "decode_ms": "decode ms/step", "vs_sdpa": "vs sdpa, paired (sdpa ÷ row)",
-                 "host_us": "host µs inside the attention call, per decode call"},
+                 "host_us": "host µs inside the attention call, per decode call",
+                 "parts": "host µs per decode call, by part (median over rounds)"},
         out_dir=args.out, commit=args.commit,
         notes=[f"Llama shape {shape}, {sizes['layers']} layers, random weights, {str(dtype).split('.')[-1]}; "
                f"batch {sizes['batch']} × {sizes['prompt']} prompt tokens, {sizes['new_tokens']} greedy tokens; "
                f"{rounds} interleaved rounds (one generate each) after a warm-up round. 'capture query asked': the "
                "CUDA-graph capture check asked of the driver on every sliced call (the shipped call skips it on the "
                "default stream); 'one slice': each row read whole by one program; 'fresh partials': "
-               "the slices' partial results allocated each call instead of kept per stream."],
-        extra={"steps_ms": steps, "host_us": host, "sizes": sizes,
+               "the slices' partial results allocated each call instead of kept per stream; 'timed by part': "
+               "a clock on each part of the shipped call, nested (decode_attention holds _alloc and _SPLIT, "
+               "_SPLIT holds the C launch)."],
+        extra={"steps_ms": steps, "host_us": host, "parts_us": parts, "sizes": sizes,
                "decode_modules": [m.__name__ for m in _decode_modules()]})
 
 

@@ -501,6 +501,63 @@ def with_setting(decode, name, value, call):
         return call()
 
 
+class PartClock:
+    """A callable standing in for ``fn``: host seconds spent inside it and the calls, summed."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn, self.seconds, self.calls = fn, 0.0, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+
+
+# The parts of a sliced decode call :func:`decode_parts` times, outermost first
+DECODE_PARTS = ("decode_attention", "_alloc", "_SPLIT", "C launch")
+
+
+@contextlib.contextmanager
+def decode_parts(decode: ModuleType) -> Iterator[dict]:
+    """For the ``with`` block, clocks (:class:`PartClock`) on the parts of the decode module
+    ``decode``'s calls, by :data:`DECODE_PARTS` name: ``decode_attention`` (the whole call after
+    the package's entry checks), ``_alloc`` (its output and buffer allocations), ``_SPLIT`` (the
+    launcher: key, cache lookup and launch) and ``C launch`` (Triton's C launch function, found in
+    the launcher's cache: launches compiled before the block). Each clock adds ~0.1-0.2 us to
+    what it wraps. Everything is put back after."""
+    clocks = {name: PartClock(getattr(decode, name)) for name in DECODE_PARTS[:3]}
+    launches = [entry[4] for entry in decode._SPLIT._cache.values() if entry[4] is not None]
+    shared = PartClock(None)  # one clock over every cached launch function
+
+    def launch(fn):
+        def timed(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                shared.seconds += time.perf_counter() - t0
+                shared.calls += 1
+        return timed
+
+    saved = [(d, d._launch) for d in launches]
+    try:
+        for d, fn in saved:
+            d._launch = launch(fn)
+        with settings({(decode, name): clock for name, clock in clocks.items()}):
+            yield {**clocks, "C launch": shared}
+    finally:
+        for d, fn in saved:
+            d._launch = fn
+
+
+def parts_us(clocks: Mapping[str, PartClock], calls: int) -> dict:
+    """Host µs per call of ``calls`` decode calls in each part of :func:`decode_parts`."""
+    return {name: clocks[name].seconds / max(calls, 1) * 1e6 for name in DECODE_PARTS}
+
+
 def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: Optional[tuple] = None,
                           consumers: Optional[int] = None, **choices: Any) -> Any:
     """The dense persistent Gluon forward of the kernel module ``gf`` (``_gluon_fwd``) compiled for

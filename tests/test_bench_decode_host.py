@@ -22,11 +22,15 @@ def test_the_smoke_run_times_every_variant_and_each_agrees_with_sdpa(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((tmp_path / "decode_host.json").read_text())["rows"]
     assert [r["variant"] for r in rows] == ["shipped", "capture query asked", "fresh partials",
-                                            "two kernels", "one slice", "Python only", "sdpa"]
+                                            "two kernels", "one slice", "Python only",
+                                            "shipped, timed by part", "sdpa"]
     for row in rows:
         assert row["host_us"] > 0, row
         if "max_error" in row:
             assert row["max_error"] < 2e-2, row
+    parts = dict(p.rsplit(" ", 1) for p in rows[-2]["parts"].split(" / "))
+    assert list(parts) == ["decode_attention", "_alloc", "_SPLIT", "C launch"]
+    assert float(parts["decode_attention"]) >= float(parts["_SPLIT"]) > 0
 
 
 def test_a_variant_is_put_back_after_its_row():

@@ -24,9 +24,14 @@ def test_the_smoke_run_times_every_contender_and_finds_the_decode_module(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "e2e_decode_split.json").read_text())
     assert [r["attention"] for r in data["rows"]] == ["sdpa", "ours", "ours, capture query asked",
-                                                     "ours, one slice", "ours, fresh partials"]
+                                                     "ours, one slice", "ours, fresh partials", "ours, timed by part"]
     for row in data["rows"]:
         assert row["decode_ms"] > 0 and row["host_us"] > 0, row
+    # the clocked row splits its call into parts, each inside the bridge's whole call
+    timed = data["rows"][-1]
+    parts = dict(p.rsplit(" ", 1) for p in timed["parts"].split(" / "))
+    assert 0 < float(parts["_SPLIT"]) <= float(parts["decode_attention"]) <= timed["host_us"] * 1.5
+    assert len(data["parts_us"]) == 3  # the warm-up round and the two timed ones
     # the variants had a module to act on: the copy of the decode the bridge itself loaded
     assert data["decode_modules"] and all(n.endswith("._triton_decode") for n in data["decode_modules"])
 

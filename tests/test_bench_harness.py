@@ -180,3 +180,35 @@ def test_a_child_python_gets_the_repository_ahead_of_a_triton_already_on_the_pat
     assert env["TRITON_CACHE_DIR"] == "/tmp/cache" and env["HOME"] == os.environ["HOME"]
     monkeypatch.delenv("PYTHONPATH")
     assert harness.child_env()["PYTHONPATH"] == str(harness.REPO_ROOT)
+
+
+def test_decode_parts_clock_each_part_of_a_decode_call_and_put_everything_back(harness, monkeypatch):
+    """The clocks bench/decode_host.py and bench/e2e_decode_split.py read: one call counted in the
+    call, its allocations and its launcher; the C launch functions of the launcher's cached
+    kernels wrapped while the block runs; every original back afterwards."""
+    import torch
+
+    kernel = harness.shipped_kernel()
+    dec = importlib.import_module(f"{kernel.__name__}._triton_decode")
+
+    class FakeDirect:  # a cached launch's C function (none compile under the interpreter)
+        def _launch(self, *args):
+            return sum(args)
+
+    direct = FakeDirect()
+    c_launch = direct._launch
+    monkeypatch.setattr(dec._SPLIT, "_cache", {"key": (None, None, None, None, direct)})
+    before = (dec.decode_attention, dec._alloc, dec._SPLIT)
+    q = torch.randn(1, 4, 1, 32)
+    k, v = torch.randn(1, 2, 48, 32), torch.randn(1, 2, 48, 32)
+    with harness.decode_parts(dec) as clocks:
+        assert set(clocks) == set(harness.DECODE_PARTS)
+        out = kernel.flash_attn_decode_heads_first(q, k, v, None, True, (-1, -1), 0.0)
+        assert direct._launch(1, 2) == 3  # the wrapped C function still returns what it returns
+        assert clocks["decode_attention"].calls == 1 and clocks["_SPLIT"].calls == 1
+        assert clocks["_alloc"].calls >= 1 and clocks["C launch"].calls == 1
+        us = harness.parts_us(clocks, 1)
+        assert us["decode_attention"] >= us["_SPLIT"] > 0 and us["decode_attention"] >= us["_alloc"] > 0
+    assert out is not None and out.shape == (1, 1, 4, 32)
+    assert (dec.decode_attention, dec._alloc, dec._SPLIT) == before
+    assert direct._launch == c_launch
