@@ -155,6 +155,41 @@ def check_decode(kernels: dict, case) -> dict:
     return row
 
 
+def check_decode_heads_first(fa, device: str = "cuda", dtype=None, small: bool = False) -> dict:
+    """transformers' decode through ``flash_attn_decode_heads_first``: q ``[B, Hq, 1, D]`` over a
+    dense cache ``[B, Hk, S, D]`` that grows a token a step (contiguous, as transformers' dynamic
+    cache is), each step's call made three times (a model's layers), the third on a q whose
+    address is not a multiple of 16 bytes; every output against float64. On a GPU the repeated
+    calls go through the launch the first one kept (``_triton_decode._kept_launch``): the row
+    counts the plans that kept one, and fails if none did. ``small``: interpreter-sized shapes.
+    Raises nothing of its own."""
+    import importlib
+
+    import torch
+    from flash_ref import reference, rel_err
+
+    dtype = dtype or torch.bfloat16
+    b, hq, hk, d, start, steps = (2, 4, 2, 32, 40, 3) if small else (4, 32, 8, 128, 4090, 4)
+    g = torch.Generator(device=device).manual_seed(6)
+    rnd = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, generator=g)  # noqa: E731
+    decode = importlib.import_module(fa.__name__ + "._triton_decode")
+    cache_k, cache_v = rnd(b, hk, start + steps, d), rnd(b, hk, start + steps, d)
+    err, served = 0.0, True
+    for step in range(steps):
+        k, v = cache_k[:, :, :start + step].contiguous(), cache_v[:, :, :start + step].contiguous()
+        for layer in range(3):
+            q = rnd(b, hq, 1, d) if layer < 2 else rnd(b * hq * d + 1)[1:].view(b, hq, 1, d)
+            out = fa.flash_attn_decode_heads_first(q, k, v, None, True, (-1, -1), 0.0)
+            if out is None:
+                served = False
+                continue
+            want, _ = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            err = max(err, rel_err(out, want))
+    kept = sum(len(plan[-1]) for plan in decode._PLANS.values() if plan[-1])
+    return dict(case="decode-heads-first-gqa", worst_rel_err=err, out=err, kept_launches=kept,
+                passed=served and err < TOL and (kept > 0 or device != "cuda"))
+
+
 def check_compiled(fa, device: str = "cuda", dtype=None, small: bool = False) -> list:
     """Rows: the kernel's calls compiled (``torch.compile(fullgraph=True)``, ``aot_eager``) against
     the same calls eager, element by element: a packed training step (``deterministic=True``, so
@@ -258,6 +293,8 @@ def main() -> None:
     pick = (lambda cases: [c for c in cases if c[0] in QUICK]) if args.quick else (lambda cases: cases)
     rows = [_guarded(check_dense, kernels, c) for c in pick(CASES)] + [
         _guarded(check_decode, kernels, c) for c in pick(DECODE)]
+    rows.append(_guarded(lambda kernels, case: check_decode_heads_first(kernels["ours"]), kernels,
+                         ("decode-heads-first-gqa",)))
     try:
         rows += check_compiled(kernels["ours"])
     except Exception as e:  # noqa: BLE001 - a compile that fails is this check's result
@@ -268,6 +305,7 @@ def main() -> None:
         rows.append(dict(case="packed-walk", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
     columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2 (compiled: equal)",
                    max_abs_diff_vs_eager="compiled: max |compiled - eager|; packed walk: max |walk - per tile|",
+                   kept_launches="heads-first decode: plans whose launch was kept",
                    error="error")
     if args.baseline:
         columns.update(max_abs_diff_vs_baseline="max |ours - baseline|", identical_to_baseline="bitwise equal")

@@ -516,6 +516,22 @@ class PartClock:
             self.calls += 1
 
 
+class LaunchClock(PartClock):
+    """A :class:`PartClock` standing in for a kernel's ``Launcher``: its calls and its kept
+    launches (``launch_kept``) timed alike, ``keep`` passed through."""
+
+    def keep(self, *args: Any) -> Any:
+        return self.fn.keep(*args)
+
+    def launch_kept(self, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.fn.launch_kept(*args)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
+
+
 # The parts of a sliced decode call :func:`decode_parts` times, outermost first
 DECODE_PARTS = ("decode_attention", "_alloc", "_SPLIT", "C launch")
 
@@ -525,10 +541,12 @@ def decode_parts(decode: ModuleType) -> Iterator[dict]:
     """For the ``with`` block, clocks (:class:`PartClock`) on the parts of the decode module
     ``decode``'s calls, by :data:`DECODE_PARTS` name: ``decode_attention`` (the whole call after
     the package's entry checks), ``_alloc`` (its output and buffer allocations), ``_SPLIT`` (the
-    launcher: key, cache lookup and launch) and ``C launch`` (Triton's C launch function, found in
-    the launcher's cache: launches compiled before the block). Each clock adds ~0.1-0.2 us to
-    what it wraps. Everything is put back after."""
-    clocks = {name: PartClock(getattr(decode, name)) for name in DECODE_PARTS[:3]}
+    launcher: key, cache lookup and launch, or a kept launch, :class:`LaunchClock`) and ``C
+    launch`` (Triton's C launch function, found in the launcher's cache: launches compiled before
+    the block). Each clock adds ~0.1-0.2 us to what it wraps. Everything is put back after (the
+    decode keeps its launches again for the launcher put back on its next call)."""
+    clocks = {name: PartClock(getattr(decode, name)) for name in DECODE_PARTS[:2]}
+    clocks["_SPLIT"] = LaunchClock(decode._SPLIT)
     launches = [entry[4] for entry in decode._SPLIT._cache.values() if entry[4] is not None]
     shared = PartClock(None)  # one clock over every cached launch function
 

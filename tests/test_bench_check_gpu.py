@@ -21,3 +21,13 @@ def test_compiled_calls_equal_the_eager_ones(monkeypatch):
     assert [r["case"] for r in rows] == ["compiled-varlen-causal-train", "compiled-prefill-gqa",
                                          "compiled-decode-paged-append"]
     assert all(r["passed"] and r["max_abs_diff_vs_eager"] == 0.0 for r in rows), rows
+
+
+def test_the_heads_first_decode_check_runs_every_step_and_layer_and_passes(monkeypatch):
+    """transformers' decode layout, a cache growing a token a step, a misaligned q among the
+    layers: every output within the tolerance of float64 (no launch is kept off a GPU)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    row = check_gpu.check_decode_heads_first(harness.kernels()["ours"], device="cpu", dtype=torch.float16,
+                                             small=True)
+    assert row["case"] == "decode-heads-first-gqa" and row["passed"], row
+    assert 0 < row["worst_rel_err"] < check_gpu.TOL and row["kept_launches"] == 0

@@ -468,6 +468,72 @@ def test_a_decode_launch_is_derived_once_per_shape_and_follows_the_split_rule_it
     assert len(decode._PLANS) == 1  # full: cleared, then the new one kept
 
 
+class _SpyLauncher:
+    """Stands in for the split kernel's Launcher on a pretend GPU: records what the decode asks."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def __call__(self, grid, args, constexprs, num_warps, num_stages):
+        self.calls.append(("launch", constexprs))
+
+    def keep(self, args, constexprs, num_warps, num_stages):
+        self.calls.append(("keep", constexprs))
+        return ("kept", constexprs)
+
+    def launch_kept(self, kept, grid, args):
+        self.calls.append(("kept", kept[1]))
+        return True
+
+
+def test_a_decode_call_repeats_its_kept_launch_only_where_the_key_is_vouched_for(monkeypatch):
+    """On a GPU, transformers' decode (no optional tensors) keeps the launch its first call of a
+    plan took and repeats it on the next calls; a call whose q, k or v is not 16-byte aligned, or
+    whose options differ, or that has optional tensors (a paged cache) goes through the
+    Launcher's own key."""
+    decode = _load("_triton_decode")
+    device = torch.device("cpu")  # plays a GPU: the launches are recorded, never run
+    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(decode, "_PARTIALS", {})
+    monkeypatch.setattr(decode, "_COUNTERS", {})
+    monkeypatch.setattr(decode, "_current_stream", lambda device: 0)
+    monkeypatch.setitem(decode._SETUP, (32, device), decode.gpu_setup(32, (9, 0), 132))
+    spy = _SpyLauncher()
+    monkeypatch.setattr(decode, "_SPLIT", spy)
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
+    k_cache, v_cache = torch.randn(2, 64, 2, 32, dtype=torch.float16), torch.randn(2, 64, 2, 32, dtype=torch.float16)
+
+    def call(q=q, k=k_cache, v=v_cache, softcap=0.0, block_table=None):
+        decode.decode_attention(q, k, v, total_lens=None, total_len_uniform=64, capacity=64,
+                                block_table=block_table, batch_idx=None, leftpad=None, alibi_slopes=None,
+                                softmax_scale=0.2, window_left=-1, window_right=0, softcap=softcap)
+        calls, spy.calls[:] = list(spy.calls), []
+        return [kind for kind, _ in calls], calls
+
+    kinds, first = call()
+    assert kinds == ["launch", "keep"]
+    kinds, again = call()
+    assert kinds == ["kept"] and again[0][1] == first[0][1]  # the first call's constants
+    # a q at an address not a multiple of 16 bytes: the kept launch assumed one
+    unaligned = torch.randn(2 * 4 * 32 + 1, dtype=torch.float16)[1:].view(2, 1, 4, 32)
+    assert call(q=unaligned)[0] == ["launch"]
+    assert call(softcap=5.0)[0] == ["launch", "keep"]  # other options: their own kept launch
+    assert call(softcap=5.0)[0] == ["kept"]
+    # a paged cache (block table): the Launcher's own key on every call
+    pages = torch.randn(8, 16, 2, 32, dtype=torch.float16)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    assert call(k=pages, v=pages, block_table=table)[0] == ["launch"]
+    assert call(k=pages, v=pages, block_table=table)[0] == ["launch"]
+    # a stand-in launcher without keep (a benchmark's no-op) is called every time
+    monkeypatch.setattr(decode, "_SPLIT", lambda *a: spy.calls.append(("stand-in", None)))
+    assert call()[0] == ["stand-in"] and call()[0] == ["stand-in"]
+    # another launcher put in its place (a benchmark's clock) keeps launches of its own
+    other = _SpyLauncher()
+    other.calls = spy.calls
+    monkeypatch.setattr(decode, "_SPLIT", other)
+    assert call()[0] == ["launch", "keep"] and call()[0] == ["kept"]
+
+
 def test_argument_errors_name_the_problem():
     q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
     cache = torch.randn(2, 16, 2, 32, dtype=torch.float16)

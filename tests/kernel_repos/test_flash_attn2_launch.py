@@ -325,3 +325,59 @@ def test_the_decode_kernel_claims_aligned_strides_only_when_they_are(monkeypatch
                 assert all(s % 16 == 0 for s in strides) and (head_dim * 16) % 16 == 0
                 assert head_dim * 16 == q.shape[-1]
     assert True in decisions and False in decisions
+
+
+def test_a_kept_launch_repeats_a_call_without_working_its_key_out(fake_driver, monkeypatch):
+    """Launcher.keep hands back the launch a call took; launch_kept repeats it for new arguments
+    of the same key (new addresses and integer values) with the kept constants and options."""
+    jit = _FakeJitUnspecialised()
+    launcher = _launcher(jit)
+    x, y = torch.zeros(64), torch.zeros(64)
+    launcher((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
+    kept = launcher.keep((x, 32, 1.0), (16,), 4, 2)
+    assert kept is not None
+    keys = []
+    monkeypatch.setattr(launcher, "_key", lambda *a: keys.append(a))
+    assert launcher.launch_kept(kept, (5, 1, 1), (y, 77, 0.5)) is True
+    assert keys == [] and jit.slow_calls == 1
+    (compiled,) = jit.compiled.values()
+    assert compiled.runs[-1] == (5, 1, 1, 1234, compiled.function, compiled.packed_metadata, None, None, None,
+                                 y, 77, 0.5, 16)
+
+
+def test_only_launches_whose_key_a_caller_can_vouch_for_are_kept(fake_driver, monkeypatch):
+    x = torch.zeros(64)
+    specialised = _launcher(_FakeJit())  # n keyed on its residue: not kept
+    specialised((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
+    assert specialised.keep((x, 32, 1.0), (16,), 4, 2) is None
+    launcher = _launcher(_FakeJitUnspecialised())
+    assert launcher.keep((x, 32, 1.0), (16,), 4, 2) is None  # nothing launched yet
+    launcher((1, 1, 1), (x[1:], 32, 1.0), (16,), 4, 2)
+    assert launcher.keep((x[1:], 32, 1.0), (16,), 4, 2) is None  # a pointer not 16-byte aligned
+    launcher((1, 1, 1), (x, 2**31, 1.0), (16,), 4, 2)
+    assert launcher.keep((x, 2**31, 1.0), (16,), 4, 2) is None  # a 64-bit integer
+    launcher((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
+    monkeypatch.setattr(launch, "_hooks_active", lambda: True)
+    assert launcher.keep((x, 32, 1.0), (16,), 4, 2) is None  # a profiler wants to see launches
+
+
+def test_a_kept_launch_steps_aside_for_another_device_or_a_hook_and_is_checked_in_check_mode(
+        fake_driver, monkeypatch):
+    jit = _FakeJitUnspecialised()
+    launcher = _launcher(jit)
+    x = torch.zeros(64)
+    launcher((1, 1, 1), (x, 32, 1.0), (16,), 4, 2)
+    kept = launcher.keep((x, 32, 1.0), (16,), 4, 2)
+    (compiled,) = jit.compiled.values()
+    runs = len(compiled.runs)
+    monkeypatch.setattr(launcher, "_get_device", lambda: 1)
+    assert launcher.launch_kept(kept, (1, 1, 1), (x, 32, 1.0)) is False
+    monkeypatch.setattr(launcher, "_get_device", lambda: 0)
+    monkeypatch.setattr(launch, "_hooks_active", lambda: True)
+    assert launcher.launch_kept(kept, (1, 1, 1), (x, 32, 1.0)) is False
+    assert len(compiled.runs) == runs  # neither launched anything
+    monkeypatch.setattr(launch, "_hooks_active", lambda: False)
+    launcher._check = True
+    assert launcher.launch_kept(kept, (1, 1, 1), (x, 48, 1.0)) is True  # the same key: checked, launched
+    with pytest.raises(RuntimeError, match="kept launch"):
+        launcher.launch_kept(kept, (1, 1, 1), (x[1:], 32, 1.0))  # a caller that vouched wrongly

@@ -244,6 +244,53 @@ class Launcher:
             self._check_types(args)
         self._cache[self._key(self._get_device(), args, constexprs, num_warps, num_stages)] = entry
 
+    def keep(self, args: tuple, constexprs: tuple, num_warps: int, num_stages: int) -> Optional[tuple]:
+        """After a launch with these arguments, that launch, for :meth:`launch_kept` to repeat
+        without working the key out again; None where there is none to keep: the fast path off
+        or not learnt yet, a launch hook installed, the kernel not in the cache, or a key that
+        holds a specialised integer, a 64-bit one, a descriptor or a pointer not 16-byte aligned.
+
+        Why: an eager decode step makes the same call on every layer, and working the key out
+        (a pointer's dtype and alignment, each integer's width) was the largest part of the
+        launch's host time after the launch itself (bench/results/decode_host.md). Raises nothing.
+        """
+        if not self._fast or self._ptrs is None or _hooks_active():
+            return None
+        key = self._key(self._get_device(), args, constexprs, num_warps, num_stages)
+        entry = self._cache.get(key)
+        if entry is None or key[5] or key[6] is not None or key[7] is not None:
+            return None
+        if not all(p is None or p[1] for p in key[4]):
+            return None
+        return key, entry, constexprs, num_warps, num_stages
+
+    def launch_kept(self, kept: tuple, grid: Tuple[int, int, int], args: tuple) -> bool:
+        """Launch ``args`` as :meth:`__call__` would, through ``kept`` (:meth:`keep`'s answer for
+        an earlier call) and that call's constexprs and launch options, without working the key
+        out: the caller vouches that ``args`` has the same key: each pointer slot None or not as
+        then, of the same dtype, 16-byte aligned, every integer 32-bit. In check mode
+        (``FLASH_ATTN2_LAUNCH_CHECK=1``) the key is worked out anyway and a difference raises
+        RuntimeError. Returns False, launching nothing, where the current device is not the kept
+        launch's or a launch hook wants to see launches (then call the Launcher itself)."""
+        key, (run, function, metadata, compiled, direct), constexprs, num_warps, num_stages = kept
+        device = self._get_device()
+        if device != key[0] or _hooks_active():
+            return False
+        if self._check:
+            actual = self._key(device, args, constexprs, num_warps, num_stages)
+            if actual != key:
+                raise RuntimeError(f"Launcher: a kept launch of {self._fn} was handed other arguments: key {key} "
+                                   f"kept, {actual} now")
+            self._verify(grid, args, constexprs, num_warps, num_stages, compiled)
+        if direct is not None and DIRECT_LAUNCH:
+            if self._check:
+                direct.verify(args + constexprs)
+            direct(grid, self._get_stream(device), function, metadata, args + constexprs)
+        else:
+            run(grid[0], grid[1], grid[2], self._get_stream(device), function, metadata,
+                None, None, None, *args, *constexprs)
+        return True
+
     def _check_types(self, args: tuple) -> None:
         types = _slot_types(args)
         if types != self._types:
