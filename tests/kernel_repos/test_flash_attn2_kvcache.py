@@ -519,6 +519,9 @@ def test_a_decode_call_repeats_its_kept_launch_only_where_the_key_is_vouched_for
     assert call(q=unaligned)[0] == ["launch"]
     assert call(softcap=5.0)[0] == ["launch", "keep"]  # other options: their own kept launch
     assert call(softcap=5.0)[0] == ["kept"]
+    monkeypatch.setattr(decode, "KEEP_LAUNCHES", False)  # switched off: the Launcher's key every call
+    assert call()[0] == ["launch"]
+    monkeypatch.setattr(decode, "KEEP_LAUNCHES", True)
     # a paged cache (block table): the Launcher's own key on every call
     pages = torch.randn(8, 16, 2, 32, dtype=torch.float16)
     table = torch.arange(8, dtype=torch.int32).view(2, 4)

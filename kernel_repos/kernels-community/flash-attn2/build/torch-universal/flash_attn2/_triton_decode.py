@@ -669,6 +669,12 @@ def _plan(q_shape: tuple, k_shape: tuple, sq: tuple, sk: tuple, sv: tuple, setup
             m_blocks * batch * num_kv_heads, on_gpu, {} if on_gpu else None)
 
 
+# A decode call without optional tensors (transformers' layout) repeats the launch the first call
+# of its plan took (_kept_launch) instead of working the launcher's key out; False: every call
+# works it out. Read per call, so benchmarks can time both.
+KEEP_LAUNCHES = True
+
+
 def _kept_launch(launch: Launcher, kept: tuple, grid: tuple, args: tuple, q: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, total_len_uniform: int, capacity: int, window_right: int) -> bool:
     """Launch the split kernel through ``launch``'s ``kept`` launch (``Launcher.keep``'s answer
@@ -782,7 +788,7 @@ def decode_attention(
     launch = _SPLIT
     # Only calls without optional tensors keep their launch (transformers' decode); see _kept_launch
     flags = (device, q.dtype, k_cache.dtype, v_cache.dtype, softcap > 0.0, window_right >= 0, need_lse, merge,
-             MERGE_CHUNK) if launches is not None and block_table is None and total_lens is None \
+             MERGE_CHUNK) if KEEP_LAUNCHES and launches is not None and block_table is None and total_lens is None \
         and batch_idx is None and leftpad is None and alibi_slopes is None else None
     kept = launches.get(flags) if flags is not None else None
     if not (kept is not None and kept[0] is launch and _kept_launch(launch, kept[1], grid, args, q, k_cache,
