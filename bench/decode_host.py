@@ -9,8 +9,9 @@ costs GPU time. This splits the gap into its parts. Rows:
 * ``shipped``;
 * ``capture query asked``: the CUDA-graph capture check asked of the driver on the default stream
   too (the shipped call answers it there without asking: no capture can run on that stream);
-* ``launcher key each call``: the launcher's key worked out on every call (``KEEP_LAUNCHES = False``)
-  instead of the launch the first call of a shape kept;
+* ``kept launches`` / ``launcher key each call``: each call of a shape after the first repeats the
+  launch the first kept (``KEEP_LAUNCHES = True``), or works the launcher's key out every time
+  (``False``); one of the two is the shipped call;
 * ``fresh partials``: the slices' partial results allocated per call (``REUSE_PARTIALS = False``);
 * ``two kernels``: merged by a second kernel (``MERGE_IN_KERNEL = False``);
 * ``one slice``: each row read whole (``choose_num_splits`` -> 1);
@@ -84,6 +85,7 @@ def main() -> None:
     variants = {
         "shipped": {},
         "capture query asked": {(dec, "_capturing"): lambda stream: torch.cuda.is_current_stream_capturing()},
+        "kept launches": {(dec, "KEEP_LAUNCHES"): True},
         "launcher key each call": {(dec, "KEEP_LAUNCHES"): False},
         "fresh partials": {(dec, "REUSE_PARTIALS"): False},
         "two kernels": {(dec, "MERGE_IN_KERNEL"): False},

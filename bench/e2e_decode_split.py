@@ -15,8 +15,8 @@ Rows (interleaved rounds of one greedy ``generate`` each, after a prefill of the
 * ``ours, capture query asked``: the CUDA-graph capture check asked of the driver on every sliced
   call, the default stream too (the shipped call answers it there without asking),
 * ``ours, one slice``: every row read whole by one program (``choose_num_splits`` -> 1),
-* ``ours, fresh partials``: the slices' partial results in buffers allocated each call
-  (``REUSE_PARTIALS = False``) instead of the stream's kept pair,
+* ``ours, kept launches``: each call of a shape after the first repeats the launch the first kept
+  (``KEEP_LAUNCHES = True``, off by default) instead of working the launcher's key out,
 * ``ours, timed by part``: the shipped decode with a clock on each part of the call
   (``harness.decode_parts``: the call after the entry checks, its allocations, the launcher, Triton's
   C launch function), to set beside the same parts timed alone (``bench/decode_host.py``); the
@@ -65,21 +65,21 @@ class _Variant:
         if variant == "timed by part":
             self.parts = [self.stack.enter_context(harness.decode_parts(m)) for m in _decode_modules()]
         for m in _decode_modules():
-            self.saved.append((m, m.MERGE_IN_KERNEL, m.choose_num_splits, m.REUSE_PARTIALS, m._capturing))
+            self.saved.append((m, m.MERGE_IN_KERNEL, m.choose_num_splits, m.KEEP_LAUNCHES, m._capturing))
             if variant == "capture query asked":
                 m._capturing = lambda stream, m=m: m.torch.cuda.is_current_stream_capturing()
             elif variant == "two kernels":
                 m.MERGE_IN_KERNEL = False
             elif variant == "one slice":
                 m.choose_num_splits = lambda *a, **k: 1
-            elif variant == "fresh partials":
-                m.REUSE_PARTIALS = False
+            elif variant == "kept launches":
+                m.KEEP_LAUNCHES = True
 
     def reset(self) -> None:
         self.stack.close()
         self.parts = None
-        for m, merge, choose, reuse, capturing in self.saved:
-            m.MERGE_IN_KERNEL, m.choose_num_splits, m.REUSE_PARTIALS, m._capturing = merge, choose, reuse, capturing
+        for m, merge, choose, keep, capturing in self.saved:
+            m.MERGE_IN_KERNEL, m.choose_num_splits, m.KEEP_LAUNCHES, m._capturing = merge, choose, keep, capturing
         self.saved = []
 
 
@@ -136,7 +136,7 @@ def main() -> None:
 
     rows_spec = {"sdpa": ("sdpa", None), "ours": (KERNEL, None),
                  "ours, capture query asked": (KERNEL, "capture query asked"), "ours, one slice": (KERNEL, "one slice"),
-                 "ours, fresh partials": (KERNEL, "fresh partials"), "ours, timed by part": (KERNEL, "timed by part")}
+                 "ours, kept launches": (KERNEL, "kept launches"), "ours, timed by part": (KERNEL, "timed by part")}
     variant = _Variant()
     steps: dict = {name: [] for name in rows_spec}
     host: dict = {name: [] for name in rows_spec}
@@ -196,8 +196,8 @@ def main() -> None:
                f"batch {sizes['batch']} × {sizes['prompt']} prompt tokens, {sizes['new_tokens']} greedy tokens; "
                f"{rounds} interleaved rounds (one generate each) after a warm-up round. 'capture query asked': the "
                "CUDA-graph capture check asked of the driver on every sliced call (the shipped call skips it on the "
-               "default stream); 'one slice': each row read whole by one program; 'fresh partials': "
-               "the slices' partial results allocated each call instead of kept per stream; 'timed by part': "
+               "default stream); 'one slice': each row read whole by one program; 'kept launches': "
+               "each call of a shape after the first repeats the launch the first kept; 'timed by part': "
                "a clock on each part of the shipped call, nested (decode_attention holds _alloc and _SPLIT, "
                "_SPLIT holds the C launch)."],
         extra={"steps_ms": steps, "host_us": host, "parts_us": parts, "sizes": sizes,

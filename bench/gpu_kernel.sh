@@ -8,7 +8,8 @@
 #   COMMIT=<sha> [STEPS="warm check launchcheck attention compiled varlen decode tests compile host e2e"] [TRITON_OVERLAY=DIR] [PACK=FILE] bench/gpu_kernel.sh OUT [BASELINE_REPO_DIR]
 #
 # launchcheck: the same check with every cached launch cross-checked against Triton's own choice of kernel
-# and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), into OUT/launch_check.
+# and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), the decode's kept
+# launches on (FLASH_ATTN2_KEEP_LAUNCHES=1) and their keys compared, into OUT/launch_check.
 # TRITON_OVERLAY=DIR: run every step under the Triton release unpacked in DIR (a folder holding `triton/`
 # and its dist-info, put ahead of the installed one on PYTHONPATH), with the Gluon kernels allowed under
 # it (FLASH_ATTN2_GLUON_TRITON): for checking and timing a release before it joins MEASURED_TRITON.
@@ -19,7 +20,7 @@
 # (OUT/variants_d128, OUT/variants_d256).
 # decodesplit (not in the default list): bench/e2e_decode_split.py, a transformers decode step at the
 # Llama-3-8B shape: the attention call's host time inside generate, ours beside sdpa, and the decode's
-# slice choices (the capture query asked, one slice, fresh partials).
+# slice choices (the capture query asked, one slice, kept launches).
 # decodehost (not in the default list): bench/decode_host.py, the host time of that decode call taken apart
 # (the capture query asked, the partials, the merge, one slice, Python alone) beside sdpa.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
@@ -46,7 +47,7 @@ step() { local limit=$1; shift; echo "=== $* ($(date -u +%T))"; timeout "$limit"
 # scripts then load them from the cache instead of compiling one at a time.
 want warm && step 80 python3 bench/warm_cache.py ${BASE:+--baseline "$BASE"}
 want check && step 240 python3 bench/check_gpu.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
-want launchcheck && step 180 env FLASH_ATTN2_LAUNCH_CHECK=1 python3 bench/check_gpu.py --out "$RES/launch_check" --commit "${COMMIT:-unknown}"
+want launchcheck && step 180 env FLASH_ATTN2_LAUNCH_CHECK=1 FLASH_ATTN2_KEEP_LAUNCHES=1 python3 bench/check_gpu.py --out "$RES/launch_check" --commit "${COMMIT:-unknown}"
 want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want compiled && step 300 python3 bench/compiled.py --out "$RES" --commit "${COMMIT:-unknown}"
 want varlen && step 150 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
