@@ -538,6 +538,75 @@ def test_a_decode_call_repeats_its_kept_launch_only_where_the_key_is_vouched_for
     assert call()[0] == ["launch", "keep"] and call()[0] == ["kept"]
 
 
+class _FakeSplitKernel:
+    """Plays Triton for the split kernel (its real argument names, constexpr positions and
+    do_not_specialize list): one compiled kernel per constexpr values and launch options, each
+    recording the argument lists its launches were handed."""
+
+    def __init__(self, real, constexprs, do_not_specialize):
+        # under the interpreter the kernel object carries neither list: they are handed in
+        self.arg_names, self.constexprs, self.do_not_specialize = real.arg_names, constexprs, do_not_specialize
+        self.compiled: dict = {}
+
+    def _pick(self, kwargs):
+        key = tuple(sorted((k, v) for k, v in kwargs.items()))
+        if key not in self.compiled:
+            self.compiled[key] = types.SimpleNamespace(function="function", packed_metadata="metadata", runs=[])
+            self.compiled[key].run = lambda *args, c=self.compiled[key]: c.runs.append(args)
+        return self.compiled[key]
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._pick(kwargs)
+
+    def warmup(self, *args, grid, **kwargs):
+        return self._pick(kwargs)
+
+
+def test_a_kept_launch_hands_the_kernel_the_arguments_the_launchers_own_path_hands_it(monkeypatch):
+    """Through the real Launcher (Triton played by a stand-in): the second decode call of a plan
+    repeats the kept launch, the third (kept launches off) works the key out; the kernel gets the
+    same argument list either way, and check mode finds the same key."""
+    decode = _load("_triton_decode")
+    launch = _load("_launch")
+    driver_module = sys.modules["triton.runtime.driver"]
+    monkeypatch.setattr(driver_module, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 1234)))
+    device = torch.device("cpu")  # plays a GPU
+    for name, value in (("_PLANS", {}), ("_PARTIALS", {}), ("_COUNTERS", {}), ("KEEP_LAUNCHES", True)):
+        monkeypatch.setattr(decode, name, value)
+    monkeypatch.setattr(decode, "_current_stream", lambda device: 0)
+    monkeypatch.setitem(decode._SETUP, (32, device), decode.gpu_setup(32, (9, 0), 132))
+    fake = _FakeSplitKernel(decode._split_kernel, launch._constexpr_positions(decode._split_kernel),
+                            decode._SPLIT_RUNTIME_SCALARS)
+    launcher = launch.Launcher(fake)
+    launcher._fast = True  # conftest's TRITON_INTERPRET=1 turns the cached path off
+    launcher._check = True  # launch_kept works the key out and compares
+    monkeypatch.setattr(decode, "_SPLIT", launcher)
+    kept_calls = []
+    real_kept = launcher.launch_kept
+    monkeypatch.setattr(launcher, "launch_kept", lambda *a: kept_calls.append(1) or real_kept(*a))
+    q = torch.randn(4, 32, 1, 32, dtype=torch.float16)
+    k, v = torch.randn(4, 8, 500, 32, dtype=torch.float16), torch.randn(4, 8, 500, 32, dtype=torch.float16)
+
+    def call():
+        decode.decode_attention(q, k, v, total_lens=None, total_len_uniform=500, capacity=500, block_table=None,
+                                batch_idx=None, leftpad=None, alibi_slopes=None, softmax_scale=0.2, window_left=-1,
+                                window_right=0, softcap=0.0, need_lse=False, heads_first=True)
+
+    call()  # compiles (the stand-in), caches and keeps
+    call()  # the kept launch
+    monkeypatch.setattr(decode, "KEEP_LAUNCHES", False)
+    call()  # the Launcher's cached path, key worked out
+    assert kept_calls == [1]
+    (compiled,) = fake.compiled.values()
+    kept_run, keyed_run = compiled.runs
+
+    def shape(args):  # tensors by dtype and shape (the output is a new one each call)
+        return [(a.dtype, tuple(a.shape)) if isinstance(a, torch.Tensor) else a for a in args]
+    assert shape(kept_run) == shape(keyed_run)
+    assert kept_run[9] is q and kept_run[10] is k and kept_run[11] is v  # after grid, stream, function, metadata, hooks
+
+
 def test_argument_errors_name_the_problem():
     q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
     cache = torch.randn(2, 16, 2, 32, dtype=torch.float16)
