@@ -502,34 +502,32 @@ def with_setting(decode, name, value, call):
 
 
 class PartClock:
-    """A callable standing in for ``fn``: host seconds spent inside it and the calls, summed."""
+    """A callable standing in for ``fn``: host seconds spent inside it and the calls, summed into
+    ``total`` (a clock shared by several stand-ins; default: this one)."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], total: Optional["PartClock"] = None) -> None:
         self.fn, self.seconds, self.calls = fn, 0.0, 0
+        self.total = total if total is not None else self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return self.fn(*args, **kwargs)
         finally:
-            self.seconds += time.perf_counter() - t0
-            self.calls += 1
+            self.total.seconds += time.perf_counter() - t0
+            self.total.calls += 1
 
 
 class LaunchClock(PartClock):
     """A :class:`PartClock` standing in for a kernel's ``Launcher``: its calls and its kept
-    launches (``launch_kept``) timed alike, ``keep`` passed through."""
+    launches (``launch_kept``) timed on one clock, ``keep`` passed through."""
+
+    def __init__(self, launcher: Any) -> None:
+        super().__init__(launcher)
+        self.launch_kept = PartClock(getattr(launcher, "launch_kept", None), total=self)
 
     def keep(self, *args: Any) -> Any:
         return self.fn.keep(*args)
-
-    def launch_kept(self, *args: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return self.fn.launch_kept(*args)
-        finally:
-            self.seconds += time.perf_counter() - t0
-            self.calls += 1
 
 
 # The parts of a sliced decode call :func:`decode_parts` times, outermost first
@@ -549,21 +547,10 @@ def decode_parts(decode: ModuleType) -> Iterator[dict]:
     clocks["_SPLIT"] = LaunchClock(decode._SPLIT)
     launches = [entry[4] for entry in decode._SPLIT._cache.values() if entry[4] is not None]
     shared = PartClock(None)  # one clock over every cached launch function
-
-    def launch(fn):
-        def timed(*args):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                shared.seconds += time.perf_counter() - t0
-                shared.calls += 1
-        return timed
-
     saved = [(d, d._launch) for d in launches]
     try:
         for d, fn in saved:
-            d._launch = launch(fn)
+            d._launch = PartClock(fn, total=shared)
         with settings({(decode, name): clock for name, clock in clocks.items()}):
             yield {**clocks, "C launch": shared}
     finally:

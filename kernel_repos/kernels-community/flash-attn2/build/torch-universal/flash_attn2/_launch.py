@@ -213,16 +213,7 @@ class Launcher:
             device = self._get_device()
             entry = self._cache.get(self._key(device, args, constexprs, num_warps, num_stages))
             if entry is not None and not _hooks_active():
-                run, function, metadata, compiled, direct = entry
-                if self._check:
-                    self._verify(grid, args, constexprs, num_warps, num_stages, compiled)
-                if direct is not None and DIRECT_LAUNCH:
-                    if self._check:
-                        direct.verify(args + constexprs)
-                    direct(grid, self._get_stream(device), function, metadata, args + constexprs)
-                    return
-                run(grid[0], grid[1], grid[2], self._get_stream(device), function, metadata,
-                    None, None, None, *args, *constexprs)
+                self._launch_cached(entry, device, grid, args, constexprs, num_warps, num_stages)
                 return
         if len(constexprs) != len(self._constexpr_names):
             raise ValueError(f"{self._constexpr_names}: got {len(constexprs)} constexpr values")
@@ -272,7 +263,7 @@ class Launcher:
         (``FLASH_ATTN2_LAUNCH_CHECK=1``) the key is worked out anyway and a difference raises
         RuntimeError. Returns False, launching nothing, where the current device is not the kept
         launch's or a launch hook wants to see launches (then call the Launcher itself)."""
-        key, (run, function, metadata, compiled, direct), constexprs, num_warps, num_stages = kept
+        key, entry, constexprs, num_warps, num_stages = kept
         device = self._get_device()
         if device != key[0] or _hooks_active():
             return False
@@ -281,15 +272,23 @@ class Launcher:
             if actual != key:
                 raise RuntimeError(f"Launcher: a kept launch of {self._fn} was handed other arguments: key {key} "
                                    f"kept, {actual} now")
+        self._launch_cached(entry, device, grid, args, constexprs, num_warps, num_stages)
+        return True
+
+    def _launch_cached(self, entry: tuple, device: int, grid: Tuple[int, int, int], args: tuple,
+                       constexprs: tuple, num_warps: int, num_stages: int) -> None:
+        """Launch a cache entry's kernel: directly (:class:`DirectLaunch`) or through Triton's
+        launcher; in check mode each against Triton's own choice and argument list first."""
+        run, function, metadata, compiled, direct = entry
+        if self._check:
             self._verify(grid, args, constexprs, num_warps, num_stages, compiled)
         if direct is not None and DIRECT_LAUNCH:
             if self._check:
                 direct.verify(args + constexprs)
             direct(grid, self._get_stream(device), function, metadata, args + constexprs)
-        else:
-            run(grid[0], grid[1], grid[2], self._get_stream(device), function, metadata,
-                None, None, None, *args, *constexprs)
-        return True
+            return
+        run(grid[0], grid[1], grid[2], self._get_stream(device), function, metadata,
+            None, None, None, *args, *constexprs)
 
     def _check_types(self, args: tuple) -> None:
         types = _slot_types(args)
