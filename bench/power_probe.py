@@ -1,0 +1,202 @@
+"""The GPU's clock and power while one forward runs back to back: ours beside SDPA cuDNN, on the
+row that trails in the attention table (head_dim 128, 16 heads, 16k keys, non-causal) and on one
+that does not (the same at 4k).
+
+Why: that row measured 1.02x cuDNN in one round of ``bench/attention.py`` and 0.92x in the two
+after it, while the 4k row stays level. If our kernel draws more power per FLOP than cuDNN's,
+a long burst of it pushes the GPU into its power cap and lower clocks, and then the ratio depends
+on how long and in which order the contenders ran; if the clocks stay alike, the slower rounds
+are the kernel's own. This measures which.
+
+Each contender takes turns (``--rounds`` rounds, rotating order, after 2 s of matrix products):
+a turn runs the forward back to back for ``--burst`` seconds, timed by CUDA events in five equal
+chunks, while ``nvidia-smi`` samples the SM clock, power draw, temperature and active clock-event
+reasons every 50 ms. A turn's row: TFLOP/s over the turn and in its first and last chunk, the
+median clock and power of the samples taken during it, the hottest sample, and every clock-event
+reason seen (``sw_power_cap``: the power limit lowered the clocks).
+
+    python bench/power_probe.py [--out DIR] [--burst S] [--rounds N]     # on a GPU
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import threading
+import time
+from typing import Optional
+
+import harness
+
+ROWS = ((128, 16, 16384), (128, 16, 4096))  # (head_dim, heads, keys), non-causal, 16k tokens a batch
+QUERY = "clocks.sm,power.draw,temperature.gpu"
+# nvidia-smi's bit names for the active clock-event reasons (`nvidia-smi --help-query-gpu`)
+REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+           0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+           0x100: "display_clocks"}
+
+
+def parse_sample(line: str) -> Optional[dict]:
+    """One ``nvidia-smi --format=csv,noheader,nounits`` line of ``QUERY`` plus the reasons field:
+    ``{"clock_mhz", "power_w", "temp_c", "reasons"}`` (a value nvidia-smi reports as ``[N/A]`` is
+    None); None for a line that is not such a sample. Raises nothing."""
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) != 4:
+        return None
+
+    def number(text: str) -> Optional[float]:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    clock, power, temp = (number(p) for p in parts[:3])
+    try:
+        reasons: Optional[int] = int(parts[3], 16)
+    except ValueError:
+        reasons = None
+    if clock is None and power is None:
+        return None
+    return {"clock_mhz": clock, "power_w": power, "temp_c": temp, "reasons": reasons}
+
+
+def reason_names(mask: int) -> str:
+    """The reasons set in ``mask``, by nvidia-smi's names, joined by ``+``; ``none`` when none."""
+    names = [name for bit, name in REASONS.items() if mask & bit]
+    return "+".join(names) if names else "none"
+
+
+def summarise(samples: list, start: float, end: float) -> dict:
+    """The samples ``(time, parsed)`` taken within ``[start, end]``: their count, median clock
+    and power, hottest temperature, and the union of their reasons. Raises nothing."""
+    inside = [s for t, s in samples if start <= t <= end]
+    out: dict = {"samples": len(inside)}
+    for key, field in (("clock_mhz", "clock_mhz"), ("power_w", "power_w")):
+        values = [s[field] for s in inside if s[field] is not None]
+        out[key] = statistics.median(values) if values else None
+    temps = [s["temp_c"] for s in inside if s["temp_c"] is not None]
+    out["temp_max_c"] = max(temps) if temps else None
+    mask = 0
+    for s in inside:
+        mask |= s["reasons"] or 0
+    out["reasons"] = reason_names(mask)
+    return out
+
+
+class Sampler:
+    """``nvidia-smi`` sampling one GPU every ``period_ms`` in a child process, its lines stamped
+    with this process's monotonic clock as they arrive. Raises RuntimeError from :meth:`start`
+    when nvidia-smi is missing or answers neither name of the reasons field."""
+
+    def __init__(self, gpu: int, period_ms: int = 50) -> None:
+        self.gpu, self.period_ms = gpu, period_ms
+        self.samples: list = []
+        self._proc: Optional[subprocess.Popen] = None
+        self._reader: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        # drivers from 535 call the field clocks_event_reasons; older ones only clocks_throttle_reasons
+        for field in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+            query = [f"--query-gpu={QUERY},{field}", "--format=csv,noheader,nounits", f"--id={self.gpu}"]
+            try:
+                once = subprocess.run(["nvidia-smi", *query], capture_output=True, text=True, timeout=30)
+            except FileNotFoundError as e:
+                raise RuntimeError("nvidia-smi is not on PATH: the probe reads clocks and power through it") from e
+            if once.returncode == 0 and parse_sample(once.stdout.strip()) is not None:
+                break
+        else:
+            raise RuntimeError(f"nvidia-smi answered neither reasons field: {once.stdout} {once.stderr}")
+        self._proc = subprocess.Popen(["nvidia-smi", *query, f"--loop-ms={self.period_ms}"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            sample = parse_sample(line)
+            if sample is not None:
+                self.samples.append((time.monotonic(), sample))
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()  # our own child, by its PID
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+
+
+def turn(fn, calls: int, chunks: int = 5) -> tuple[list, float, float]:
+    """Run ``fn`` ``calls`` times in ``chunks`` equal chunks, each timed by CUDA events: (µs per
+    call of each chunk, host monotonic start, end after the last chunk finished)."""
+    import torch
+
+    per = max(1, calls // chunks)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(chunks + 1)]
+    torch.cuda.synchronize()
+    start = time.monotonic()
+    events[0].record()
+    for c in range(chunks):
+        for _ in range(per):
+            fn()
+        events[c + 1].record()
+    events[-1].synchronize()
+    end = time.monotonic()
+    return [events[c].elapsed_time(events[c + 1]) * 1000.0 / per for c in range(chunks)], start, end
+
+
+def main() -> None:
+    args_parser = harness.arguments(__doc__)
+    args_parser.add_argument("--burst", type=float, default=1.5, help="seconds a turn runs (default 1.5)")
+    args_parser.add_argument("--rounds", type=int, default=3)
+    args = args_parser.parse_args()
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    fa = harness.shipped_kernel()
+    sampler = Sampler(torch.cuda.current_device())
+    sampler.start()
+    rows = []
+    try:
+        harness.warm_gpu()
+        for d, heads, seq in ROWS:
+            b = harness.PACKED_TOKENS // seq
+            q, k, v = (torch.randn(b, seq, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            contenders = {"ours": lambda: fa.flash_attn_func(q, k, v),
+                          "cuDNN": harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)}
+            flop = 4.0 * b * heads * seq * seq * d
+            calls = {}
+            for name, fn in contenders.items():
+                us = harness.time_us(fn, rep_ms=50)
+                calls[name] = max(5, int(args.burst * 1e6 / us))
+            names = list(contenders)
+            for r in range(args.rounds):
+                shift = r % len(names)
+                for name in names[shift:] + names[:shift]:
+                    chunks, start, end = turn(contenders[name], calls[name])
+                    whole = statistics.fmean(chunks)
+                    rows.append({"head_dim": d, "heads": heads, "seq": seq, "round": r, "contender": name,
+                                 "tflops": flop / whole / 1e6, "first_tflops": flop / chunks[0] / 1e6,
+                                 "last_tflops": flop / chunks[-1] / 1e6, "seconds": end - start,
+                                 **summarise(sampler.samples, start, end)})
+                    print(rows[-1], flush=True)
+    finally:
+        sampler.stop()
+    harness.write_results(
+        "power_probe", rows,
+        title="Clock and power during back-to-back forwards, ours beside SDPA cuDNN (bf16, non-causal, 16k tokens a batch)",
+        columns=dict(head_dim="d", heads="heads", seq="seq", round="round", contender="contender",
+                     tflops="TFLOP/s", first_tflops="first fifth TFLOP/s", last_tflops="last fifth TFLOP/s",
+                     clock_mhz="SM MHz (median)", power_w="power W (median)", temp_max_c="hottest °C",
+                     reasons="clock-event reasons seen", samples="samples", seconds="s"),
+        out_dir=args.out, commit=args.commit,
+        notes=[f"Turns of {args.burst} s, {args.rounds} rounds in rotating order after 2 s of matrix products; "
+               "nvidia-smi sampled every 50 ms (see the script's docstring)."])
+
+
+if __name__ == "__main__":
+    main()
