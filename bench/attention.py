@@ -99,7 +99,7 @@ def main() -> None:
             "attention", rows, title="Attention forward and forward+backward, TFLOP/s (bf16, 16k tokens per batch)",
             columns=columns, out_dir=args.out, commit=args.commit,
             notes=[f"The median over {harness.ROUNDS} interleaved rounds (each times every contender once, in a "
-                   "rotating order, after the GPU was kept busy for 2 s) of triton.testing.do_bench medians; "
+                   "balanced order: each pair of rounds runs one order and its reverse, after the GPU was kept busy for 2 s) of triton.testing.do_bench medians; "
                    "FLOPs 4·B·H·S²·D forward (halved when causal), 3.5x for "
                    "forward+backward. SDPA and Flex get [B, H, S, D] views, the kernel [B, S, H, D].",
                    "'ours bwd kernel': the backward the default call ran (Gluon: dQ reduced inside the dK/dV/dQ "

@@ -87,7 +87,7 @@ def main() -> None:
                "every key looking its page up past the preload limit; 'pages in order': the contiguous cache "
                "read through a block table 0, 1, 2, ..., so its pages lie in memory order); SDPA has no paged "
                "form: its columns read the contiguous cache. The median over "
-               f"{harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench medians, "
+               f"{harness.ROUNDS} interleaved rounds (balanced order: each pair of rounds runs one order and its reverse) of triton.testing.do_bench medians, "
                "after the GPU was kept busy for 2 s."])
     print(path.read_text())
 

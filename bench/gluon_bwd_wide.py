@@ -65,7 +65,7 @@ def main() -> None:
     path = harness.write_results(
         "gluon_bwd_wide", rows, title="head_dim 256 forward+backward: the Gluon column split beside the Triton "
         "backward and SDPA cuDNN (bf16, ms per call)", columns=columns, out_dir=args.out, commit=args.commit,
-        notes=[f"The median over {harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench "
+        notes=[f"The median over {harness.ROUNDS} interleaved rounds (balanced order: each pair of rounds runs one order and its reverse) of triton.testing.do_bench "
                "medians, after the GPU was kept busy for 2 s; the forward is the shipped one in every column. "
                "x/cuDNN is cuDNN's time over x's."])
     print(path.read_text())

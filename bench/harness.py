@@ -19,8 +19,8 @@ API (everything else here is private):
     when torch sees a GPU, else ``"cpu"``.
 ``paired(contenders, *, rounds=11, calls=10, device=None, before=None) -> dict[str, list[float]]``
     Microseconds per call of each ``name -> fn`` contender, timed in ``rounds`` interleaved
-    rounds (each round times every contender once, starting at a rotating position, so clock
-    drift and heat spread over all of them; CUDA events on the GPU, ``perf_counter_ns`` on the
+    rounds (each round times every contender once, in :func:`round_order`'s balanced order, so
+    clock drift and heat spread over all of them; CUDA events on the GPU, ``perf_counter_ns`` on the
     CPU). Each contender is called once untimed first. ``before(name)``, when given, runs
     untimed before each of a contender's samples (switch a model's attention, synchronise).
     Returns the samples, ``rounds`` per name, round ``i`` of every name taken together.
@@ -34,11 +34,11 @@ API (everything else here is private):
     (ours ÷ baseline) where both sides ran, and ``rounds_us`` (each round's µs per timing);
     returns ``row``. Every timing runs in ``rounds``
     interleaved rounds (each round times each contender's forward and forward+backward once,
-    starting at a rotating position) and the median over rounds is kept: a GPU's clock ramp or
+    in :func:`round_order`'s balanced order) and the median over rounds is kept: a GPU's clock ramp or
     heat then falls on every contender alike, not on whichever is timed first.
 ``interleaved_us(timings, *, rounds=ROUNDS) -> (dict, dict, dict)``
-    ``key -> fn`` timings run through :func:`time_us` in ``rounds`` interleaved rounds (rotating
-    start, as ``attention_row``'s); returns ``({key: median µs}, {key: "Error: message"},
+    ``key -> fn`` timings run through :func:`time_us` in ``rounds`` interleaved rounds (balanced
+    order, as ``attention_row``'s); returns ``({key: median µs}, {key: "Error: message"},
     {key: [µs of each round]})``: a timing that raises is reported and not retried.
 ``warm_gpu(seconds=2.0)``
     Keeps the GPU busy with matrix products for ``seconds`` (no-op without one), so that the
@@ -186,6 +186,22 @@ def time_us(fn: Callable[[], object], *, device: Optional[str] = None,
     return statistics.median(samples)
 
 
+def round_order(keys: Sequence, r: int) -> list:
+    """The order of round ``r`` of interleaved timings: rounds come in pairs, the second the first
+    reversed, and each pair starts one place further on, so over every pair of rounds each key's
+    mean position is the same. Why: a GPU's clocks fall while it runs heavy kernels back to back
+    and rise again while it idles (shapes built, kernels compiled), and within one row of
+    ``attention.json`` the same timing differed by up to 17 % between rounds (``rounds_us``, the
+    d=128 16k forward), while a plain rotation of 7 timings over 3 rounds put our forward at places 0, 6, 5 and cuDNN's at
+    2, 1, 0."""
+    keys = list(keys)
+    if not keys:
+        return keys
+    shift = (r // 2) % len(keys)
+    order = keys[shift:] + keys[:shift]
+    return order[::-1] if r % 2 else order
+
+
 def paired(contenders: Mapping[str, Callable[[], object]], *, rounds: int = 11, calls: int = 10,
            device: Optional[str] = None,
            before: Optional[Callable[[str], object]] = None) -> dict[str, list[float]]:
@@ -203,8 +219,7 @@ def paired(contenders: Mapping[str, Callable[[], object]], *, rounds: int = 11, 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
     for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in round_order(names, r):
             fn = contenders[name]
             before(name)
             if device.startswith("cuda"):
@@ -238,7 +253,7 @@ BASELINE_COLUMNS = dict(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f
                         vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
 
 
-ROUNDS = 3  # interleaved rounds of attention_row's and interleaved_us's timings
+ROUNDS = 4  # interleaved rounds (an even count: see round_order) of attention_row's and interleaved_us's timings
 
 
 def interleaved_us(timings: Mapping[Any, Callable[[], object]], *, rounds: int = ROUNDS) -> tuple[dict, dict, dict]:
@@ -247,8 +262,7 @@ def interleaved_us(timings: Mapping[Any, Callable[[], object]], *, rounds: int =
     samples: dict = {key: [] for key in keys}
     errors: dict = {}
     for r in range(rounds):
-        shift = r % len(keys) if keys else 0
-        for key in keys[shift:] + keys[:shift]:
+        for key in round_order(keys, r):
             if key in errors:
                 continue
             try:

@@ -8,7 +8,7 @@ a long burst of it pushes the GPU into its power cap and lower clocks, and then 
 on how long and in which order the contenders ran; if the clocks stay alike, the slower rounds
 are the kernel's own. This measures which.
 
-Each contender takes turns (``--rounds`` rounds, rotating order, after 2 s of matrix products):
+Each contender takes turns (``--rounds`` rounds, balanced order, after 2 s of matrix products):
 a turn runs the forward back to back for ``--burst`` seconds, timed by CUDA events in five equal
 chunks, while ``nvidia-smi`` samples the SM clock, power draw, temperature and active clock-event
 reasons every 50 ms. A turn's row: TFLOP/s over the turn and in its first and last chunk, the
@@ -151,7 +151,7 @@ def turn(fn, calls: int, chunks: int = 5) -> tuple[list, float, float]:
 def main() -> None:
     args_parser = harness.arguments(__doc__)
     args_parser.add_argument("--burst", type=float, default=1.5, help="seconds a turn runs (default 1.5)")
-    args_parser.add_argument("--rounds", type=int, default=3)
+    args_parser.add_argument("--rounds", type=int, default=4)
     args = args_parser.parse_args()
     import torch
     from torch.nn.attention import SDPBackend
@@ -173,10 +173,8 @@ def main() -> None:
             for name, fn in contenders.items():
                 us = harness.time_us(fn, rep_ms=50)
                 calls[name] = max(5, int(args.burst * 1e6 / us))
-            names = list(contenders)
             for r in range(args.rounds):
-                shift = r % len(names)
-                for name in names[shift:] + names[:shift]:
+                for name in harness.round_order(list(contenders), r):
                     chunks, start, end = turn(contenders[name], calls[name])
                     whole = statistics.fmean(chunks)
                     rows.append({"head_dim": d, "heads": heads, "seq": seq, "round": r, "contender": name,
@@ -194,7 +192,7 @@ def main() -> None:
                      clock_mhz="SM MHz (median)", power_w="power W (median)", temp_max_c="hottest °C",
                      reasons="clock-event reasons seen", samples="samples", seconds="s"),
         out_dir=args.out, commit=args.commit,
-        notes=[f"Turns of {args.burst} s, {args.rounds} rounds in rotating order after 2 s of matrix products; "
+        notes=[f"Turns of {args.burst} s, {args.rounds} rounds in balanced order after 2 s of matrix products; "
                "nvidia-smi sampled every 50 ms (see the script's docstring)."])
 
 

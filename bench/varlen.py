@@ -120,7 +120,7 @@ def main() -> None:
         "varlen", rows, title="Packed sequences: varlen beside SDPA on the zero-padded batch, TFLOP/s of real tokens (bf16)",
         columns=columns, out_dir=args.out, commit=args.commit,
         notes=[f"{len(lens)} sequences of 128-4096 tokens (seeded), {TOKENS} tokens in all, {HEADS} heads; "
-               f"the median over {harness.ROUNDS} interleaved rounds (rotating order) of triton.testing.do_bench "
+               f"the median over {harness.ROUNDS} interleaved rounds (balanced order: each pair of rounds runs one order and its reverse) of triton.testing.do_bench "
                "medians. FLOPs of the real tokens only (4·H·n²·D per "
                "sequence, halved when causal; 3.5x for forward+backward). 'deterministic': the kernel called "
                "with deterministic=True, which runs the Triton backward (dQ in its own kernel); the default runs "
