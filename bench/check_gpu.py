@@ -159,8 +159,8 @@ def check_decode_heads_first(fa, device: str = "cuda", dtype=None, small: bool =
     """transformers' decode through ``flash_attn_decode_heads_first``: q ``[B, Hq, 1, D]`` over a
     dense cache ``[B, Hk, S, D]`` that grows a token a step (contiguous, as transformers' dynamic
     cache is), each step's call made three times (a model's layers), the third on a q whose
-    address is not a multiple of 16 bytes; every output against float64. On a GPU with
-    ``FLASH_ATTN2_KEEP_LAUNCHES=1`` the repeated calls go through the launch the first one kept
+    address is not a multiple of 16 bytes; every output against float64. On a GPU, with kept
+    launches on (the default; ``FLASH_ATTN2_KEEP_LAUNCHES=0`` turns them off), the repeated calls go through the launch the first one kept
     (``_triton_decode._kept_launch``): the row counts the plans that kept one, and fails if none
     did. ``small``: interpreter-sized shapes.
     Raises nothing of its own."""

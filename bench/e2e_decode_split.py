@@ -15,8 +15,8 @@ Rows (interleaved rounds of one greedy ``generate`` each, after a prefill of the
 * ``ours, capture query asked``: the CUDA-graph capture check asked of the driver on every sliced
   call, the default stream too (the shipped call answers it there without asking),
 * ``ours, one slice``: every row read whole by one program (``choose_num_splits`` -> 1),
-* ``ours, kept launches``: each call of a shape after the first repeats the launch the first kept
-  (``KEEP_LAUNCHES = True``, off by default) instead of working the launcher's key out,
+* ``ours, launcher key each call``: every call works the launcher's key out
+  (``KEEP_LAUNCHES = False``) instead of repeating the launch the first call of its shape kept,
 * ``ours, timed by part``: the shipped decode with a clock on each part of the call
   (``harness.decode_parts``: the call after the entry checks, its allocations, the launcher, Triton's
   C launch function), to set beside the same parts timed alone (``bench/decode_host.py``); the
@@ -72,8 +72,8 @@ class _Variant:
                 m.MERGE_IN_KERNEL = False
             elif variant == "one slice":
                 m.choose_num_splits = lambda *a, **k: 1
-            elif variant == "kept launches":
-                m.KEEP_LAUNCHES = True
+            elif variant == "launcher key each call":
+                m.KEEP_LAUNCHES = False
 
     def reset(self) -> None:
         self.stack.close()
@@ -136,7 +136,7 @@ def main() -> None:
 
     rows_spec = {"sdpa": ("sdpa", None), "ours": (KERNEL, None),
                  "ours, capture query asked": (KERNEL, "capture query asked"), "ours, one slice": (KERNEL, "one slice"),
-                 "ours, kept launches": (KERNEL, "kept launches"), "ours, timed by part": (KERNEL, "timed by part")}
+                 "ours, launcher key each call": (KERNEL, "launcher key each call"), "ours, timed by part": (KERNEL, "timed by part")}
     variant = _Variant()
     steps: dict = {name: [] for name in rows_spec}
     host: dict = {name: [] for name in rows_spec}
@@ -196,8 +196,8 @@ def main() -> None:
                f"batch {sizes['batch']} × {sizes['prompt']} prompt tokens, {sizes['new_tokens']} greedy tokens; "
                f"{rounds} interleaved rounds (one generate each) after a warm-up round. 'capture query asked': the "
                "CUDA-graph capture check asked of the driver on every sliced call (the shipped call skips it on the "
-               "default stream); 'one slice': each row read whole by one program; 'kept launches': "
-               "each call of a shape after the first repeats the launch the first kept; 'timed by part': "
+               "default stream); 'one slice': each row read whole by one program; 'launcher key each call': "
+               "every call works the launcher's key out instead of repeating the launch the first call of its shape kept; 'timed by part': "
                "a clock on each part of the shipped call, nested (decode_attention holds _alloc and _SPLIT, "
                "_SPLIT holds the C launch)."],
         extra={"steps_ms": steps, "host_us": host, "parts_us": parts, "sizes": sizes,

@@ -9,7 +9,7 @@
 #
 # launchcheck: the same check with every cached launch cross-checked against Triton's own choice of kernel
 # and, for direct launches, Triton's own argument list (FLASH_ATTN2_LAUNCH_CHECK=1), the decode's kept
-# launches on (FLASH_ATTN2_KEEP_LAUNCHES=1) and their keys compared, into OUT/launch_check.
+# launches (on by default; FLASH_ATTN2_KEEP_LAUNCHES=1 keeps them on here) and their keys compared, into OUT/launch_check.
 # TRITON_OVERLAY=DIR: run every step under the Triton release unpacked in DIR (a folder holding `triton/`
 # and its dist-info, put ahead of the installed one on PYTHONPATH), with the Gluon kernels allowed under
 # it (FLASH_ATTN2_GLUON_TRITON): for checking and timing a release before it joins MEASURED_TRITON.

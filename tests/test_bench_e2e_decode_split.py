@@ -24,7 +24,7 @@ def test_the_smoke_run_times_every_contender_and_finds_the_decode_module(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads((tmp_path / "e2e_decode_split.json").read_text())
     assert [r["attention"] for r in data["rows"]] == ["sdpa", "ours", "ours, capture query asked",
-                                                     "ours, one slice", "ours, kept launches", "ours, timed by part"]
+                                                     "ours, one slice", "ours, launcher key each call", "ours, timed by part"]
     for row in data["rows"]:
         assert row["decode_ms"] > 0 and row["host_us"] > 0, row
     # the clocked row splits its call into parts, each inside the bridge's whole call
@@ -49,8 +49,8 @@ def test_a_variant_changes_the_loaded_decode_and_reset_puts_it_back():
         variant.set("one slice")  # the previous variant is undone first
         assert dec.MERGE_IN_KERNEL == merge
         assert dec.choose_num_splits(10_000, 1 << 20, 132, True, 64) == 1
-        variant.set("kept launches")
-        assert dec.KEEP_LAUNCHES is True and dec.choose_num_splits is choose
+        variant.set("launcher key each call")
+        assert dec.KEEP_LAUNCHES is False and dec.choose_num_splits is choose
     finally:
         variant.reset()
     assert dec.MERGE_IN_KERNEL == merge and dec.choose_num_splits is choose and dec.KEEP_LAUNCHES is keep

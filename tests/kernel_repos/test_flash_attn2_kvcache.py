@@ -498,7 +498,7 @@ def test_a_decode_call_repeats_its_kept_launch_only_where_the_key_is_vouched_for
     monkeypatch.setattr(decode, "_COUNTERS", {})
     monkeypatch.setattr(decode, "_current_stream", lambda device: 0)
     monkeypatch.setitem(decode._SETUP, (32, device), decode.gpu_setup(32, (9, 0), 132))
-    monkeypatch.setattr(decode, "KEEP_LAUNCHES", True)  # off by default (FLASH_ATTN2_KEEP_LAUNCHES)
+    monkeypatch.setattr(decode, "KEEP_LAUNCHES", True)  # on unless FLASH_ATTN2_KEEP_LAUNCHES=0
     spy = _SpyLauncher()
     monkeypatch.setattr(decode, "_SPLIT", spy)
     q = torch.randn(2, 1, 4, 32, dtype=torch.float16)

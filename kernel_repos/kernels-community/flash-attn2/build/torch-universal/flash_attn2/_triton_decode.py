@@ -671,13 +671,13 @@ def _plan(q_shape: tuple, k_shape: tuple, sq: tuple, sk: tuple, sv: tuple, setup
 
 
 # A decode call without optional tensors (transformers' layout) repeats the launch the first call
-# of its plan took (_kept_launch) instead of working the launcher's key out. Off by default
-# (FLASH_ATTN2_KEEP_LAUNCHES=1 turns it on) until it is timed and checked on a GPU: on the CPU,
-# with the launch itself a no-op, it takes the call's host time from 8.8 to 5.8 us, and
-# bench/gpu_kernel.sh's launchcheck step runs check_gpu.py's transformers-layout decode with it on,
-# every kept launch's key worked out and compared (FLASH_ATTN2_LAUNCH_CHECK=1). Read per call,
-# so benchmarks can time both.
-KEEP_LAUNCHES = os.environ.get("FLASH_ATTN2_KEEP_LAUNCHES", "0") == "1"
+# of its plan took (_kept_launch) instead of working the launcher's key out. Why: eager decoding
+# is paced by the host, and that key was the largest part of the launch's host time. On the H100
+# (bench/results/decode_host.md) 18.5 us of host time a call against 22.6 with the key worked out
+# each call (sdpa 21.7); bench/check_gpu.py under FLASH_ATTN2_LAUNCH_CHECK=1 works every kept
+# launch's key out and compares. FLASH_ATTN2_KEEP_LAUNCHES=0 turns it off; read per call, so
+# benchmarks can time both.
+KEEP_LAUNCHES = os.environ.get("FLASH_ATTN2_KEEP_LAUNCHES", "1") != "0"
 
 
 def _kept_launch(launch: Launcher, kept: tuple, grid: tuple, args: tuple, q: torch.Tensor, k_cache: torch.Tensor,
