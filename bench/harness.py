@@ -189,11 +189,11 @@ def time_us(fn: Callable[[], object], *, device: Optional[str] = None,
 def round_order(keys: Sequence, r: int) -> list:
     """The order of round ``r`` of interleaved timings: rounds come in pairs, the second the first
     reversed, and each pair starts one place further on, so over every pair of rounds each key's
-    mean position is the same. Why: a GPU's clocks fall while it runs heavy kernels back to back
-    and rise again while it idles (shapes built, kernels compiled), and within one row of
-    ``attention.json`` the same timing differed by up to 17 % between rounds (``rounds_us``, the
-    d=128 16k forward), while a plain rotation of 7 timings over 3 rounds put our forward at places 0, 6, 5 and cuDNN's at
-    2, 1, 0."""
+    mean position is the same. Why: these kernels run the GPU at its power limit, where its clock
+    moves with the load (``bench/results/power_probe.md``: about 700 W, 1.44-1.64 GHz), and within one row of
+    ``attention.json`` the same timing differed by up to 29 % between rounds (``rounds_us``:
+    cuDNN's d=128 4k forward; ours up to 17 %), while a plain rotation of 7 timings over 3 rounds
+    put our forward at places 0, 6, 5 and cuDNN's at 2, 1, 0."""
     keys = list(keys)
     if not keys:
         return keys
