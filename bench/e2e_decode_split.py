@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import statistics
 import sys
-import time
 
 import harness
 
@@ -83,21 +82,10 @@ class _Variant:
         self.saved = []
 
 
-class _HostClock:
-    """Wraps a function that takes the query ``[B, H, S, D]`` at position ``query_at``: host
+def _decode_clock(fn, query_at: int) -> harness.PartClock:
+    """A clock on ``fn``, which takes the query ``[B, H, S, D]`` at position ``query_at``: host
     seconds spent inside it on decode calls (one query token)."""
-
-    def __init__(self, fn, query_at: int) -> None:
-        self.fn, self.query_at, self.seconds, self.calls = fn, query_at, 0.0, 0
-
-    def __call__(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            if args[self.query_at].shape[2] == 1:
-                self.seconds += time.perf_counter() - t0
-                self.calls += 1
+    return harness.PartClock(fn, when=lambda *args, **kwargs: args[query_at].shape[2] == 1)
 
 
 def main() -> None:
@@ -131,7 +119,7 @@ def main() -> None:
     # bridge's attention function calls the flash backend's _forward(kernel, module, query, ...),
     # looked up as a module global on every call
     sdpa_fn, inner_forward = ALL_ATTENTION_FUNCTIONS["sdpa"], flash_backend._forward
-    sdpa_clock, ours_clock = _HostClock(sdpa_fn, 1), _HostClock(inner_forward, 2)
+    sdpa_clock, ours_clock = _decode_clock(sdpa_fn, 1), _decode_clock(inner_forward, 2)
     ALL_ATTENTION_FUNCTIONS["sdpa"], flash_backend._forward = sdpa_clock, ours_clock
 
     rows_spec = {"sdpa": ("sdpa", None), "ours": (KERNEL, None),

@@ -517,10 +517,12 @@ def with_setting(decode, name, value, call):
 
 class PartClock:
     """A callable standing in for ``fn``: host seconds spent inside it and the calls, summed into
-    ``total`` (a clock shared by several stand-ins; default: this one)."""
+    ``total`` (a clock shared by several stand-ins; default: this one); with ``when``, only the
+    calls whose arguments it accepts are counted."""
 
-    def __init__(self, fn: Callable[..., Any], total: Optional["PartClock"] = None) -> None:
-        self.fn, self.seconds, self.calls = fn, 0.0, 0
+    def __init__(self, fn: Callable[..., Any], total: Optional["PartClock"] = None,
+                 when: Optional[Callable[..., bool]] = None) -> None:
+        self.fn, self.seconds, self.calls, self.when = fn, 0.0, 0, when
         self.total = total if total is not None else self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -528,8 +530,9 @@ class PartClock:
         try:
             return self.fn(*args, **kwargs)
         finally:
-            self.total.seconds += time.perf_counter() - t0
-            self.total.calls += 1
+            if self.when is None or self.when(*args, **kwargs):
+                self.total.seconds += time.perf_counter() - t0
+                self.total.calls += 1
 
 
 class LaunchClock(PartClock):
