@@ -681,7 +681,7 @@ KEEP_LAUNCHES = os.environ.get("FLASH_ATTN2_KEEP_LAUNCHES", "1") != "0"
 
 
 def _kept_launch(launch: Launcher, kept: tuple, grid: tuple, args: tuple, q: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, total_len_uniform: int, capacity: int, window_right: int) -> bool:
+                 v_cache: torch.Tensor, window_right: int) -> bool:
     """Launch the split kernel through ``launch``'s ``kept`` launch (``Launcher.keep``'s answer
     for an earlier call of the same plan and flags, see :func:`decode_attention`); False where it
     cannot vouch for the key, launching nothing. Raises RuntimeError in launch check mode if the
@@ -691,12 +691,12 @@ def _kept_launch(launch: Launcher, kept: tuple, grid: tuple, args: tuple, q: tor
     None and each pointer's dtype (q, k and v are in the flags; the partials, LSEs and counters
     are float32 / int32, the output q's dtype); the plan fixes every stride and size passed, and
     ``Launcher.keep`` kept only a launch whose integers were 32-bit and pointers 16-byte aligned.
-    What a call can change: the addresses of q, k and v (checked here), the lengths and the
-    right window (checked here), and the buffers this module allocates, which start on 512-byte
-    boundaries (torch's CUDA allocator rounds every block to 512 bytes).
+    The lengths (``total_len_uniform``, ``capacity``) and the left window are in the plan's key,
+    so they are the kept call's. What a call can change: the addresses of q, k and v (checked
+    here), the right window (checked here), and the buffers this module allocates, which start on
+    512-byte boundaries (torch's CUDA allocator rounds every block to 512 bytes).
     """
-    if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15 or not (
-            total_len_uniform <= _I32_MAX and capacity <= _I32_MAX and window_right <= _I32_MAX):
+    if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15 or window_right > _I32_MAX:
         return False
     return launch.launch_kept(kept, grid, args)
 
@@ -796,9 +796,8 @@ def decode_attention(
              MERGE_CHUNK) if KEEP_LAUNCHES and launches is not None and block_table is None and total_lens is None \
         and batch_idx is None and leftpad is None and alibi_slopes is None else None
     kept = launches.get(flags) if flags is not None else None
-    if not (kept is not None and kept[0] is launch and _kept_launch(launch, kept[1], grid, args, q, k_cache,
-                                                                    v_cache, total_len_uniform, capacity,
-                                                                    window_right)):
+    if not (kept is not None and kept[0] is launch
+            and _kept_launch(launch, kept[1], grid, args, q, k_cache, v_cache, window_right)):
         constexprs = (
             num_heads // num_kv_heads, block_m, block_n, block_d, page_size, preload, by_block, splits,
             total_lens is not None, batch_idx is not None, leftpad is not None, alibi_slopes is not None,
