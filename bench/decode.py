@@ -48,6 +48,11 @@ def main() -> None:
             runs[f"ours_paged_lookup_split{splits}"] = lambda s=splits: harness.with_setting(
                 decode, "PAGE_BLOCKS", False, lambda: kernels["ours"].flash_attn_with_kvcache(
                     q, kp, vp, cache_seqlens=lens, block_table=table, num_splits=s))
+        # each block's one entry picked out of the preloaded ones (PRELOADED_BLOCKS) where they are
+        # preloaded (4k); where they are not (32k) the shipped call itself
+        runs["ours_paged_preloaded_blocks"] = lambda: harness.with_setting(
+            decode, "PRELOADED_BLOCKS", True, lambda: kernels["ours"].flash_attn_with_kvcache(
+                q, kp, vp, cache_seqlens=lens, block_table=table))
         # the rule before PAGE_BLOCKS: table entries preloaded or looked up per key, whole rows dense only
         runs["ours_paged_lookup"] = lambda: harness.with_setting(decode, "PAGE_BLOCKS", False, lambda: kernels["ours"].flash_attn_with_kvcache(
             q, kp, vp, cache_seqlens=lens, block_table=table))
@@ -57,7 +62,7 @@ def main() -> None:
         want = runs["ours_contiguous"]().float()
         same = bool(torch.allclose(runs["ours_paged"]().float(), want, atol=2e-2))
         same_lookup = all(bool(torch.allclose(runs[n]().float(), want, atol=2e-2))
-                          for n in ("ours_paged_lookup", "ours_paged_in_order",
+                          for n in ("ours_paged_lookup", "ours_paged_in_order", "ours_paged_preloaded_blocks",
                                     *(f"ours_paged_lookup_split{s}" for s in SPLITS_TRIED)))
         row = dict(context=ctx, paged_equals_contiguous=same, paged_lookup_equals_contiguous=same_lookup,
                    sdpa_expanded_kv=[n for n in ("sdpa_cudnn", "sdpa_flash") if runs[n].expanded_kv])
@@ -70,6 +75,7 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     columns = dict(context="context", ours_paged="ours paged", ours_paged_lookup="ours paged, lookups",
+                   ours_paged_preloaded_blocks="ours paged, preloaded blocks",
                    ours_paged_in_order="ours paged, pages in order",
                    ours_contiguous="ours contiguous",
                    sdpa_cudnn="cuDNN", sdpa_flash="FA2", ours_paged_vs_cudnn="paged/cuDNN",
@@ -84,7 +90,8 @@ def main() -> None:
         notes=[f"One query token per row; paged: {PAGE}-key pages in random order ('ours paged' and 'paged N "
                "split(s)': the shipped choice, _triton_decode.page_lookup: a split's table entries preloaded "
                "when they fit in registers, else one entry a block of keys; 'lookup(s)': PAGE_BLOCKS off, "
-               "every key looking its page up past the preload limit; 'pages in order': the contiguous cache "
+               "every key looking its page up past the preload limit; 'preloaded blocks': PRELOADED_BLOCKS on, each block "
+               "of keys picking its one entry out of the preloaded ones instead of gathering one a key; 'pages in order': the contiguous cache "
                "read through a block table 0, 1, 2, ..., so its pages lie in memory order); SDPA has no paged "
                "form: its columns read the contiguous cache. The median over "
                f"{harness.ROUNDS} interleaved rounds (balanced order: each pair of rounds runs one order and its reverse) of triton.testing.do_bench medians, "

@@ -104,11 +104,22 @@ def test_a_split_preloads_its_entries_when_few_else_reads_one_a_block():
     assert decode.page_lookup(32768, 0, 128, 1, leftpad=False, window_left=-1) == (0, False)  # dense
 
 
+def test_preloaded_entries_serve_whole_blocks_only_when_asked(monkeypatch):
+    # 4k keys in 128-key blocks of 256-key pages: preloaded, and each block picks its entry out
+    monkeypatch.setattr(decode, "PRELOADED_BLOCKS", True)
+    assert decode.page_lookup(4096, 256, 128, 1, leftpad=False, window_left=-1) == (32, True)
+    # left padding: blocks straddle pages, so the preloaded entries are gathered a key
+    assert decode.page_lookup(4096, 256, 128, 1, leftpad=True, window_left=-1) == (32, False)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("window_right", [-1, 0])
-def test_a_table_entry_a_block_reads_what_per_key_lookups_read(monkeypatch, splits, window_right):
+@pytest.mark.parametrize("entries", ["loaded a block", "preloaded"])
+def test_a_table_entry_a_block_reads_what_per_key_lookups_read(monkeypatch, splits, window_right, entries):
     """Pages of 64 keys, blocks of 16 (the interpreter's tile): 4 blocks a page, read through one
-    entry each; lengths that end mid-page and mid-block, a right window (causal over 3 queries)."""
+    entry each, loaded a step ahead or picked out of the split's preloaded entries
+    (PRELOADED_BLOCKS); lengths that end mid-page and mid-block, a right window (causal over 3
+    queries)."""
     torch.manual_seed(splits)
     page, pages = 64, 12
     k_cache = torch.randn(pages, page, 2, D, dtype=torch.float16)
@@ -117,8 +128,13 @@ def test_a_table_entry_a_block_reads_what_per_key_lookups_read(monkeypatch, spli
     capacity = 4 * page
     lens = torch.tensor([capacity, 37, 150], dtype=torch.int32)
     q = torch.randn(3, 3, 4, D, dtype=torch.float16)
-    monkeypatch.setattr(decode, "PRELOAD_MAX", 0)  # these few entries would be preloaded
-    assert decode.page_lookup(capacity, page, 16, splits, leftpad=False, window_left=-1) == (0, True)
+    if entries == "preloaded":
+        monkeypatch.setattr(decode, "PRELOADED_BLOCKS", True)
+        assert decode.page_lookup(capacity, page, 16, splits, leftpad=False, window_left=-1)[1]
+        assert decode.page_lookup(capacity, page, 16, splits, leftpad=False, window_left=-1)[0] > 0
+    else:
+        monkeypatch.setattr(decode, "PRELOAD_MAX", 0)  # these few entries would be preloaded
+        assert decode.page_lookup(capacity, page, 16, splits, leftpad=False, window_left=-1) == (0, True)
 
     def run():
         out, lse = decode.decode_attention(
@@ -145,11 +161,13 @@ def test_a_table_entry_a_block_reads_what_per_key_lookups_read(monkeypatch, spli
         assert rel_err(block_out[b], ref) < 3e-3
 
 
-@pytest.mark.parametrize("lookup", ["blocks", "preloaded", "per-key"])
+@pytest.mark.parametrize("lookup", ["blocks", "preloaded", "preloaded blocks", "per-key"])
 def test_keys_on_unallocated_pages_are_left_out_never_read(monkeypatch, lookup):
     """A -1 block-table entry inside a row's length (a length only the device knows): the keys on
     that page are left out of the attention and nothing is read through page -1."""
-    if lookup != "preloaded":
+    if lookup == "preloaded blocks":
+        monkeypatch.setattr(decode, "PRELOADED_BLOCKS", True)
+    elif lookup != "preloaded":
         monkeypatch.setattr(decode, "PRELOAD_MAX", 0)
     if lookup == "per-key":
         monkeypatch.setattr(decode, "PAGE_BLOCKS", False)

@@ -73,7 +73,8 @@ def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_k
     through the row's block table when paged (PAGE_SIZE > 0), else in cache row ``cache_b``.
     With PAGE_BLOCKS the block of keys from position ``block_start`` lies in one page (the host
     saw to it, see :data:`PAGE_BLOCKS`): ``pages`` is that page's table entry (loaded a step
-    earlier by the caller) and serves the whole block. With PRELOAD > 0 the page numbers come
+    earlier by the caller, or picked out of the preloaded ones, :data:`PRELOADED_BLOCKS`) and
+    serves the whole block. With PRELOAD > 0 the page numbers come
     from ``pages`` (the split's table entries from column ``first_page``, loaded before the
     loop), so no load in the loop waits on another load.
     A negative entry is a page not allocated (CUDA-graph padding): its keys are left out, never
@@ -218,7 +219,7 @@ def _split_kernel(
     if PAGE_SIZE > 0 and PRELOAD > 0:
         cols = first_page + tl.arange(0, PRELOAD)
         pages = tl.load(BLOCK_TABLE + b * stride_btb + cols, mask=cols < capacity // PAGE_SIZE, other=0)
-    if PAGE_SIZE > 0 and PAGE_BLOCKS:
+    if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD == 0:
         # the first block's table entry; each step then loads the next block's, so the K/V copies
         # never wait on a table load of their own step
         page_cols = capacity // PAGE_SIZE
@@ -226,10 +227,16 @@ def _split_kernel(
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
+        block_pages = pages
+        if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD > 0:
+            # the block's one entry picked out of the preloaded ones (PRELOADED_BLOCKS): no load in
+            # the loop, and one page for the block's keys instead of a gather a key
+            col = (start_n + pad) // PAGE_SIZE - first_page
+            block_pages = tl.sum(tl.where(tl.arange(0, PRELOAD) == col, pages, 0), axis=0)
         k_row, v_row, n_ok = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
-                                      stride_kb, stride_ks, stride_vb, stride_vs, pages, first_page,
+                                      stride_kb, stride_ks, stride_vb, stride_vs, block_pages, first_page,
                                       start_n + pad, PAGE_SIZE, PRELOAD, PAGE_BLOCKS, BLOCK_N)
-        if PAGE_SIZE > 0 and PAGE_BLOCKS:
+        if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD == 0:
             next_col = (start_n + BLOCK_N + pad) // PAGE_SIZE
             pages = tl.load(BLOCK_TABLE + b * stride_btb + next_col, mask=next_col < page_cols, other=0)
         kv_mask = n_ok[:, None] & d_ok[None, :]
@@ -411,6 +418,13 @@ PRELOAD_MAX = 32
 PAGE_BLOCKS = True
 
 
+# Where a split's entries are preloaded and its blocks lie in pages, each block picks its one
+# entry out of the preloaded ones (a reduction over them, no load in the loop) and addresses its
+# keys like a dense block, instead of gathering an entry per key. Off: not yet timed against the
+# per-key gather on a GPU (bench/decode.py's 'preloaded blocks' column). Read per call.
+PRELOADED_BLOCKS = False
+
+
 def page_blocks(page_size: int, block_n: int, leftpad: bool, window_left: int) -> bool:
     """Whether every ``block_n``-key block of a paged cache of ``page_size`` keys a page lies in
     one page (:data:`PAGE_BLOCKS` on); ``leftpad``: the call has left padding."""
@@ -438,7 +452,8 @@ def page_lookup(capacity: int, page_size: int, block_n: int, splits: int, leftpa
     (:func:`preload_pages`) and whether it reads one entry a block instead (:data:`PAGE_BLOCKS`);
     ``(0, False)``: each key looks its page up. Raises nothing."""
     preload = preload_pages(capacity, page_size, block_n, splits)
-    return preload, not preload and page_blocks(page_size, block_n, leftpad, window_left)
+    blocks = page_blocks(page_size, block_n, leftpad, window_left)
+    return preload, blocks and (not preload or PRELOADED_BLOCKS)
 
 
 # Several slices per row are merged by the last of them to finish (a per-tile arrival counter)
@@ -755,7 +770,7 @@ def decode_attention(
     # what _plan reads, and the settings benchmarks change (per-call values stay out of the key)
     key = (q.shape, k_cache.shape, sq, sk, sv, setup, heads_first, total_len_uniform, capacity,
            block_table is not None, leftpad is not None, window_left, num_splits, block_m, config,
-           choose_num_splits, PAGE_BLOCKS, PRELOAD_MAX)
+           choose_num_splits, PAGE_BLOCKS, PRELOAD_MAX, PRELOADED_BLOCKS)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _PLANS_MAX:  # a decode's context grows every step: keep the recent ones
