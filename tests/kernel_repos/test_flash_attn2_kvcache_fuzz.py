@@ -24,9 +24,11 @@ from kernel_fuzz import fuzz_tests
 fa = load_flash_attn2()
 decode = importlib.import_module(fa.__name__ + "._triton_decode")
 PAGE = 16
-# how a paged split finds its pages: (PRELOAD_MAX, PAGE_BLOCKS); the interpreter's short rows
-# would always preload their few entries
-LOOKUPS = {"shipped": (decode.PRELOAD_MAX, decode.PAGE_BLOCKS), "blocks": (0, True), "per-key": (0, False)}
+# how a paged split finds its pages: (PRELOAD_MAX, PAGE_BLOCKS, PRELOADED_BLOCKS); the
+# interpreter's short rows would always preload their few entries
+LOOKUPS = {"shipped": (decode.PRELOAD_MAX, decode.PAGE_BLOCKS, decode.PRELOADED_BLOCKS),
+           "blocks": (0, True, False), "preloaded blocks": (decode.PRELOAD_MAX, True, True),
+           "per-key": (0, False, False)}
 
 calls = st.fixed_dictionaries(dict(
     rows=st.lists(st.tuples(st.one_of(st.just(-1), st.integers(0, 64)), st.booleans()), min_size=1, max_size=3),
@@ -47,12 +49,12 @@ calls = st.fixed_dictionaries(dict(
 
 
 def _run(call: dict) -> None:
-    saved = decode.PRELOAD_MAX, decode.PAGE_BLOCKS
-    decode.PRELOAD_MAX, decode.PAGE_BLOCKS = LOOKUPS[call["lookup"]]
+    saved = decode.PRELOAD_MAX, decode.PAGE_BLOCKS, decode.PRELOADED_BLOCKS
+    decode.PRELOAD_MAX, decode.PAGE_BLOCKS, decode.PRELOADED_BLOCKS = LOOKUPS[call["lookup"]]
     try:
         _check(call)
     finally:
-        decode.PRELOAD_MAX, decode.PAGE_BLOCKS = saved
+        decode.PRELOAD_MAX, decode.PAGE_BLOCKS, decode.PRELOADED_BLOCKS = saved
 
 
 def _check(call: dict) -> None:
