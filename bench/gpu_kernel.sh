@@ -53,7 +53,7 @@ want launchcheck && step 180 env FLASH_ATTN2_LAUNCH_CHECK=1 FLASH_ATTN2_KEEP_LAU
 want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want compiled && step 300 python3 bench/compiled.py --out "$RES" --commit "${COMMIT:-unknown}"
 want varlen && step 150 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
-want decode && step 30 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
+want decode && step 60 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decode && step 60 python3 bench/decode_merge.py --out "$RES" --commit "${COMMIT:-unknown}"
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
 want compile && step 100 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}" --phases
