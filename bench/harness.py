@@ -700,19 +700,26 @@ def sass(cubin: bytes, *flags: str) -> str:
         return subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
 
 
+def sass_loops(sass: str) -> list[list[str]]:
+    """The loops of a ``cuobjdump -sass`` listing, in the order of their branches back: each the
+    instruction texts from the branch's target to the branch. Raises nothing."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = []
+    for at, text in ins:
+        m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < at:
+            loops.append([t.strip() for a, t in ins if int(m.group(1), 16) <= a <= at])
+    return loops
+
+
 def key_step(sass: str, head_dim: int, block_n: int) -> dict:
     """Per key block of the first unmasked key loop in ``sass`` (the innermost loop that issues
     wgmma and exponentials and no compares of key positions): its instructions, exponentials on
     the exp2 unit (MUFU.EX2), emulated exponentials (one FADD.FTZ.RM each), register moves (MOV,
     IMAD.MOV) and byte permutes (PRMT), divided by the blocks one trip handles (its wgmma over a
     block's head_dim/16 + block_n/16)."""
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     per_block = head_dim // 16 + block_n // 16
-    for at, text in ins:
-        m = re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)
-        if not (m and int(m.group(1), 16) < at):
-            continue
-        body = [t.strip() for a, t in ins if int(m.group(1), 16) <= a <= at]
+    for body in sass_loops(sass):
         wgmma = sum("HGMMA" in t for t in body)
         if not wgmma or wgmma % per_block or not any("MUFU.EX2" in t for t in body) or \
                 any(t.split()[0].startswith("FSEL") for t in body) or wgmma > 2 * per_block:
