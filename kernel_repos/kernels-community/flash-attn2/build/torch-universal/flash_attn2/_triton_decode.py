@@ -83,9 +83,10 @@ def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_k
         page = pages.to(tl.int64)
         # in-page rows as scalar + arange: the compiler sees the block's rows consecutive
         in_page = (block_start % PAGE_SIZE) + tl.arange(0, BLOCK_N)
-        # page >= 0 as a block (a scalar mask term fails under the interpreter): page * PAGE_SIZE
-        # + in_page is the key's row in the cache, negative exactly when the page is
-        n_ok = n_ok & (page * PAGE_SIZE + in_page >= 0)
+        # page >= 0 splat to a block (a scalar mask term fails under the interpreter). Not
+        # page * PAGE_SIZE + in_page >= 0, which says the same but costs 64-bit arithmetic a key:
+        # offline sm90 compile (Triton 3.6), the loop 870 -> 692 SASS instructions (dense: 660)
+        n_ok = n_ok & (tl.zeros([BLOCK_N], dtype=tl.int32) + pages.to(tl.int32) >= 0)
         page = tl.maximum(page, 0)
         k_row = page * stride_kb + in_page * stride_ks
         v_row = page * stride_vb + in_page * stride_vs
