@@ -99,7 +99,8 @@ def main() -> None:
         notes=[f"One slice a row in the one-slice sm90 tile (ONE_SPLIT_CONFIG_SM90[{HEAD_DIM}]), GQA group {GROUP}, "
                f"bf16, {PAGE}-key pages; compiled offline with this Triton, counted in cuobjdump's listing: the longest "
                "loop's instructions and its K/V async copies (LDGSTS: one block of keys' K and V a trip). The "
-               "kernel is bound by memory: these are issue slots, not time."])
+               "kernel is bound by memory: these are issue slots, not time. 'baseline': the kernel repo folder given "
+               "with --baseline."])
     print(path.read_text())
 
 
