@@ -38,10 +38,6 @@ def compile_split_kernel(decode, mode: tuple) -> str:
     """SASS (``cuobjdump -sass``) of ``decode._split_kernel`` (a ``_triton_decode`` module) for
     one slice a row in the one-slice sm90 tile, paged as ``mode`` says (a MODES value). Raises
     what Triton or cuobjdump raise."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     page_size, preload, page_blocks = mode
     block_n, warps, stages = decode.ONE_SPLIT_CONFIG_SM90[HEAD_DIM]
     consts = dict(GROUP=GROUP, BLOCK_M=16, BLOCK_N=block_n, BLOCK_D=HEAD_DIM, PAGE_SIZE=page_size,
@@ -52,21 +48,7 @@ def compile_split_kernel(decode, mode: tuple) -> str:
     absent = {"BATCH_IDX", "LEFTPAD", "ALIBI", "LSE", "COUNTERS", "O_FINAL", "LSE_FINAL"}
     if not page_size:
         absent.add("BLOCK_TABLE")
-    fn = decode._split_kernel
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts or name in absent:
-            signature[name] = "constexpr"
-            constexprs[name] = consts.get(name)
-        elif name in ("scale_log2", "softcap"):
-            signature[name] = "fp32"
-        elif name[0].isupper():  # a pointer
-            signature[name] = "*i32" if name in ("BLOCK_TABLE", "TOTAL_LENS") else "*bf16"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "i32"
-    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    compiled = harness.compile_triton_sm90(decode._split_kernel, consts, absent, warps, stages)
     return harness.sass(compiled.asm["cubin"], "-sass")
 
 

@@ -700,6 +700,38 @@ def sass(cubin: bytes, *flags: str) -> str:
         return subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
 
 
+# argument names of the Triton kernels, by type, for compile_triton_sm90's signatures
+_FLOAT_SCALARS = {"qk_scale", "softcap_scale", "softcap", "sm_scale", "dropout_p", "scale_log2"}
+_I32_POINTERS = {"CuQ", "CuK", "SeqUsedK", "BLOCK_TABLE", "TOTAL_LENS", "BATCH_IDX", "LEFTPAD", "COUNTERS"}
+_F32_POINTERS = {"Lse", "Delta", "Alibi", "ALIBI", "LSE", "O_PART", "LSE_PART", "LSE_FINAL"}
+
+
+def compile_triton_sm90(fn: Any, consts: Mapping[str, Any], none_ptrs: Any, num_warps: int, num_stages: int,
+                        o_f32: bool = False) -> Any:
+    """The Triton kernel ``fn`` compiled for sm90 (no GPU needed): ``consts`` its constexprs,
+    ``none_ptrs`` the pointers passed as None; every other pointer bf16 unless its name says an
+    int32 or float32 tensor (``_I32_POINTERS``, ``_F32_POINTERS``; ``O`` too with ``o_f32``), every
+    other scalar int32 or, by name, float32 (``_FLOAT_SCALARS``). Raises what Triton raises."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts or name in none_ptrs:
+            signature[name], constexprs[name] = "constexpr", consts.get(name)
+        elif name in _FLOAT_SCALARS:
+            signature[name] = "fp32"
+        elif name[0].isupper():  # a pointer
+            f32 = name in _F32_POINTERS or (o_f32 and name == "O")
+            signature[name] = "*i32" if name in _I32_POINTERS else "*fp32" if f32 else "*bf16"
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "i32"
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 64), options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
 def sass_loops(sass: str) -> list[list[str]]:
     """The loops of a ``cuobjdump -sass`` listing, in the order of their branches back: each the
     instruction texts from the branch's target to the branch. Raises nothing."""

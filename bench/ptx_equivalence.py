@@ -14,12 +14,8 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
-import triton
-from triton.compiler import ASTSource
-from triton.backends.compiler import GPUTarget
 
 import harness
-
 
 
 def load(pkg_dir: Path, name: str):
@@ -28,27 +24,10 @@ def load(pkg_dir: Path, name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return tuple(importlib.import_module(f"{name}.{m}") for m in ("_triton_fwd", "_triton_bwd", "_triton_decode"))
-FLOATS = {"qk_scale", "softcap_scale", "softcap", "sm_scale", "dropout_p", "scale_log2"}
-I32P = {"CuQ", "CuK", "SeqUsedK", "BLOCK_TABLE", "TOTAL_LENS", "BATCH_IDX", "LEFTPAD", "COUNTERS"}
-F32P = {"Lse", "Delta", "Alibi", "ALIBI", "LSE", "O_PART", "LSE_PART", "LSE_FINAL"}
+
 
 def compile_one(fn, consts, none_ptrs, num_warps, num_stages, o_f32=False):
-    names = list(fn.arg_names)
-    sig, cx, attrs = {}, {}, {}
-    for i, n in enumerate(names):
-        if n in consts:
-            sig[n] = "constexpr"; cx[n] = consts[n]
-        elif n in none_ptrs:
-            sig[n] = "constexpr"; cx[n] = None
-        elif n in FLOATS:
-            sig[n] = "fp32"
-        elif n[0].isupper():
-            sig[n] = "*i32" if n in I32P else "*fp32" if (n in F32P or (o_f32 and n == "O")) else "*bf16"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            sig[n] = "i32"
-    src = ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": num_warps, "num_stages": num_stages})
+    c = harness.compile_triton_sm90(fn, consts, none_ptrs, num_warps, num_stages, o_f32)
     return _ptx_lines(c.asm["ptx"]), c.metadata.n_regs if hasattr(c.metadata, "n_regs") else None
 
 

@@ -85,7 +85,7 @@ def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_k
         in_page = (block_start % PAGE_SIZE) + tl.arange(0, BLOCK_N)
         # page >= 0 splat to a block (a scalar mask term fails under the interpreter). Not
         # page * PAGE_SIZE + in_page >= 0, which says the same but costs 64-bit arithmetic a key:
-        # offline sm90 compile (Triton 3.6), the loop 870 -> 692 SASS instructions (dense: 660)
+        # the key loop 870 -> 692 sm90 SASS instructions with Triton 3.6 (dense: 660), bench/results/decode_sass.md
         n_ok = n_ok & (tl.zeros([BLOCK_N], dtype=tl.int32) + pages.to(tl.int32) >= 0)
         page = tl.maximum(page, 0)
         k_row = page * stride_kb + in_page * stride_ks
