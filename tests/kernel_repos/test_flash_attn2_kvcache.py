@@ -681,14 +681,23 @@ def test_bf16_on_the_torch_path(monkeypatch):
     assert _rel_err(out.float(), want.double()) < 2e-2
 
 
-def test_split_count_fills_the_gpu_for_long_contexts_and_keeps_one_launch_for_short_ones():
+def test_split_count_fills_the_gpu_and_keeps_short_contexts_over_a_wave_whole():
     dec = _load("_triton_decode")
-    sms = 132  # an H200's SM count
-    # batch 8 x 8 kv heads (64 programs) over 2.3k keys: one split
-    assert dec.choose_num_splits(64, 2304, sms, True, 128) == 1
+    sms = 132  # an H100's / H200's SM count
+    # batch 32 x 8 kv heads (256 programs, about two waves) over 4k keys: one split
+    assert dec.choose_num_splits(256, 4096, sms, True, 64) == 1
+    assert dec.choose_num_splits(sms, 2304, sms, True, 64) == 1
+    # batch 8 x 8 kv heads (64 programs, under a wave) over 2.3k keys: split to fill the SMs,
+    # never into slices under two blocks
+    assert dec.choose_num_splits(64, 2304, sms, True, 64) == 7
+    assert dec.choose_num_splits(64, 256, sms, True, 64) == 2
     # the same programs over 32k keys, or a single row: split to fill the SMs
     assert dec.choose_num_splits(64, 32768, sms, True, 128) > 1
     assert dec.choose_num_splits(8, 2304, sms, True, 128) > 1
+    # short contexts are sliced only under a wave
+    assert dec.choose_num_splits(sms - 1, 4096, sms, True, 64) > 1
+    assert dec.choose_num_splits(sms + 1, 4096, sms, True, 64) == 1
+    assert dec.choose_num_splits(sms + 1, 4097, sms, True, 64) > 1
     # enough programs for every SM: never split
     assert dec.choose_num_splits(3 * 132, 32768, sms, True, 128) == 1
     # the interpreter's pretend GPU keeps splitting short contexts, so the CPU tests cover merging
