@@ -694,8 +694,9 @@ def test_split_count_fills_the_gpu_and_keeps_short_contexts_over_a_wave_whole():
     # the same programs over 32k keys, or a single row: split to fill the SMs
     assert dec.choose_num_splits(64, 32768, sms, True, 128) > 1
     assert dec.choose_num_splits(8, 2304, sms, True, 128) > 1
-    # short contexts are sliced only under a wave
-    assert dec.choose_num_splits(sms - 1, 4096, sms, True, 64) > 1
+    # short contexts are sliced only where their programs leave over a tenth of a wave idle
+    assert dec.choose_num_splits(100, 4096, sms, True, 64) > 1
+    assert dec.choose_num_splits(128, 4096, sms, True, 64) == 1  # batch 16 x 8 kv heads
     assert dec.choose_num_splits(sms + 1, 4096, sms, True, 64) == 1
     assert dec.choose_num_splits(sms + 1, 4097, sms, True, 64) > 1
     # enough programs for every SM: never split

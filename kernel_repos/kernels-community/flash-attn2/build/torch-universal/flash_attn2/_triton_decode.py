@@ -390,13 +390,13 @@ def choose_num_splits(programs: int, capacity: int, sms: int, on_gpu: bool, bloc
         return 1
     if whole_rows and programs >= sms and programs / (-(-programs // sms) * sms) >= WHOLE_ROWS_MIN_FILL:
         return 1
-    if on_gpu and capacity <= SHORT_CONTEXT and programs >= sms:
-        # Short contexts over a wave of programs or more: one split. Slicing them ends in a
-        # partly filled last wave and a merge (batch 32 x 4k, 256 programs on 132 SMs: 175 us of
-        # GPU time in one slice against 180 in two, bench/results/decode_merge.md). Under a wave,
-        # one slice leaves SMs idle: batch 8 x 2304 keys (64 programs) took 46.7 us in one slice
-        # against 34.0 in seven (CUDA graph, second kernel) and 37.7 merged in the launch, whose
-        # host time is 30.2 against 28.9 us.
+    if on_gpu and capacity <= SHORT_CONTEXT and programs >= WHOLE_ROWS_MIN_FILL * sms:
+        # Short contexts over a wave of programs (or nearly one) or more: one split. Slicing them
+        # ends in a partly filled last wave and a merge (batch 32 x 4k, 256 programs on 132 SMs:
+        # 175 us of GPU time in one slice against 180 in two, bench/results/decode_merge.md).
+        # Well under a wave, one slice leaves SMs idle: batch 8 x 2304 keys (64 programs) took
+        # 46.7 us in one slice against 34.0 in seven (CUDA graph, second kernel) and 37.7 merged
+        # in the launch, whose host time is 30.2 against 28.9 us.
         return 1
     by_fill = math.ceil(target / max(programs, 1))
     by_length = max(1, capacity // (2 * block_n))
