@@ -14,6 +14,8 @@ not how fast it runs.
 
 from __future__ import annotations
 
+import importlib
+
 import harness
 
 PAGE = 256
@@ -65,8 +67,6 @@ def rows_for(name: str, decode, modes: tuple = tuple(MODES)) -> list[dict]:
 
 
 def main() -> None:
-    import importlib
-
     parser = harness.arguments(__doc__, baseline=True)
     args = parser.parse_args()
     rows = []
