@@ -1,6 +1,4 @@
-"""Decode over a paged cache: what the pages' placement in memory costs, and whether prefetching a
-page's first lines ahead of its block (``_triton_decode.PREFETCH_PAGES_AHEAD``) wins it back.
-Batch 32, GQA 32/8, head_dim 128, 256-key pages; the same keys paged in random order, in random
+"""Decode over a paged cache: what the pages' placement in memory costs. Batch 32, GQA 32/8, head_dim 128, 256-key pages; the same keys paged in random order, in random
 order by groups of 4 or 16 consecutive pages (2 / 8 MB of K), and in memory order, beside the
 contiguous cache and SDPA cuDNN on it. Every call is timed back to back (no L2 flush between
 calls, as a decode loop runs them) in interleaved rounds. Writes ``bench/results/decode_pages.md``
@@ -11,7 +9,6 @@ and ``.json``::
 
 from __future__ import annotations
 
-import importlib
 import statistics
 
 import harness
@@ -19,7 +16,6 @@ import harness
 BATCH, HQ, HK, D, PAGE = harness.DECODE_SHAPE
 CONTEXTS = harness.DECODE_CONTEXTS
 GROUPS = (1, 4, 16)  # consecutive pages kept together in the random order
-PREFETCH = (2, 4, 8)  # blocks ahead
 ROUNDS, CALLS = 12, 20
 
 
@@ -44,7 +40,6 @@ def main() -> None:
     from torch.nn.attention import SDPBackend
 
     fa = harness.shipped_kernel()
-    decode = importlib.import_module(fa.__name__ + "._triton_decode")
     harness.warm_gpu()
     rows = []
     for ctx in CONTEXTS:
@@ -57,11 +52,6 @@ def main() -> None:
         for name, (kp, vp, table) in layouts.items():
             runs[name] = lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
                 q, kp, vp, cache_seqlens=lens, block_table=table)
-        kp, vp, table = layouts["random by 1"]
-        for ahead in PREFETCH:
-            runs[f"random by 1, prefetch {ahead}"] = lambda a=ahead: harness.with_setting(
-                decode, "PREFETCH_PAGES_AHEAD", a, lambda: fa.flash_attn_with_kvcache(
-                    q, kp, vp, cache_seqlens=lens, block_table=table))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         runs["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
         want = runs["contiguous"]().float()
@@ -77,14 +67,13 @@ def main() -> None:
             print(rows[-1], flush=True)
     path = harness.write_results(
         "decode_pages", rows,
-        title=f"Decode over a paged cache: page placement and prefetch (bf16, batch {BATCH}, GQA {HQ}/{HK}, "
+        title=f"Decode over a paged cache: where the pages lie (bf16, batch {BATCH}, GQA {HQ}/{HK}, "
               f"head_dim {D}, {PAGE}-key pages)",
         columns=dict(context="context", call="call", tbps="TB/s", vs_cudnn="÷ cuDNN", interval="95 % interval",
                      equals_contiguous="equals contiguous"),
         out_dir=args.out, commit=args.commit,
         notes=["TB/s of K+V read. 'random by N': the pages in random order by runs of N consecutive pages; "
-               "'prefetch N': PREFETCH_PAGES_AHEAD = N (the first K and V line of the block N blocks ahead "
-               "prefetched into L2; only where a split reads one table entry a block, the 32k call); cuDNN reads "
+               "'in order': the contiguous cache read through the table 0, 1, 2, ...; cuDNN reads "
                f"the contiguous cache. {CALLS} calls back to back between two CUDA events (no L2 flush), {ROUNDS} "
                "interleaved rounds; the ratio is the median of the per-round ratios with a 95 % bootstrap "
                "interval."])

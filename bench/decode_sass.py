@@ -46,7 +46,7 @@ def compile_split_kernel(decode, mode: tuple) -> str:
                   PRELOAD=preload, PAGE_BLOCKS=page_blocks, NUM_SPLITS=1, HAS_LENS=True, HAS_BATCH_IDX=False,
                   HAS_LEFTPAD=False, HAS_ALIBI=False, HAS_SOFTCAP=False, HAS_WINDOW_LEFT=False,
                   HAS_WINDOW_RIGHT=False, FINAL=True, STORE_LSE=False, ALIGNED=True, MERGE=False,
-                  MERGE_LSE=False, MERGE_CHUNK=1, PREFETCH_AHEAD=0)
+                  MERGE_LSE=False, MERGE_CHUNK=1)
     absent = {"BATCH_IDX", "LEFTPAD", "ALIBI", "LSE", "COUNTERS", "O_FINAL", "LSE_FINAL"}
     if not page_size:
         absent.add("BLOCK_TABLE")

@@ -23,8 +23,8 @@
 # slice choices (the capture query asked, one slice, kept launches).
 # decodehost (not in the default list): bench/decode_host.py, the host time of that decode call taken apart
 # (the capture query asked, the partials, the merge, one slice, Python alone) beside sdpa.
-# decodepages (not in the default list, about 40 s): bench/decode_pages.py, the paged decode with its pages
-# in random order, by runs of pages, and in memory order, and with pages prefetched ahead, back to back.
+# decodepages (not in the default list, about 20 s): bench/decode_pages.py, the paged decode with its pages
+# in random order, by runs of pages, and in memory order, beside the contiguous cache and cuDNN, back to back.
 # power (not in the default list, about 70 s): bench/power_probe.py, the SM clock and power draw while our
 # forward and cuDNN's run back to back at head_dim 128 (16k and 4k keys) and 64 (4k keys, causal and not).
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target

@@ -110,7 +110,7 @@ def configurations(F, B, D) -> dict:
     merge = "MERGE" in D._split_kernel.arg_names
     no_merge = {"COUNTERS", "O_FINAL", "LSE_FINAL"} if merge else set()
     if merge:
-        dec_base.update(MERGE=False, MERGE_LSE=False, MERGE_CHUNK=1, PREFETCH_AHEAD=0)
+        dec_base.update(MERGE=False, MERGE_LSE=False, MERGE_CHUNK=1)
     cases.update({
         "split_paged": (D._split_kernel, dec_base, {"BATCH_IDX", "LEFTPAD", "ALIBI"} | no_merge, 4, 4),
         "split_paged_preload": (D._split_kernel, {**dec_base, **({"PRELOAD": 16} if preload else {})},

@@ -107,15 +107,6 @@ def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_k
 
 
 @triton.jit
-def _prefetch_l2(ptr, ok):
-    """``prefetch.global.L2`` of the line at ``ptr`` (a scalar) where ``ok``: CUDA GPUs only (PTX;
-    the interpreter has no inline assembly)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _decode_scores(s, rel, n_ok, slope, scale_log2, softcap, window_left, window_right,
                    HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                    HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr):
@@ -159,7 +150,6 @@ def _split_kernel(
     HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr,
     FINAL: tl.constexpr, STORE_LSE: tl.constexpr, ALIGNED: tl.constexpr,
     MERGE: tl.constexpr, MERGE_LSE: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-    PREFETCH_AHEAD: tl.constexpr,
 ):
     if ALIGNED:
         # the row strides came divided by 16: multiplying here is how the compiler learns they
@@ -235,9 +225,6 @@ def _split_kernel(
         # never wait on a table load of their own step
         page_cols = capacity // PAGE_SIZE
         pages = tl.load(BLOCK_TABLE + b * stride_btb + first_page, mask=first_page < page_cols, other=0)
-        if PREFETCH_AHEAD > 0:
-            ahead_col = (start + pad + PREFETCH_AHEAD * BLOCK_N) // PAGE_SIZE
-            ahead = tl.load(BLOCK_TABLE + b * stride_btb + ahead_col, mask=ahead_col < page_cols, other=-1)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
@@ -253,16 +240,6 @@ def _split_kernel(
         if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD == 0:
             next_col = (start_n + BLOCK_N + pad) // PAGE_SIZE
             pages = tl.load(BLOCK_TABLE + b * stride_btb + next_col, mask=next_col < page_cols, other=0)
-            if PREFETCH_AHEAD > 0:
-                # the first K and V line of the block PREFETCH_AHEAD blocks on (its entry loaded
-                # a step earlier), only where this slice will read it (see PREFETCH_PAGES_AHEAD)
-                ahead_pos = start_n + PREFETCH_AHEAD * BLOCK_N + pad
-                ahead_ok = (ahead >= 0) & (ahead_pos < end + pad)
-                ahead_row = tl.maximum(ahead, 0).to(tl.int64)
-                _prefetch_l2(K + hk * stride_kh + ahead_row * stride_kb + (ahead_pos % PAGE_SIZE) * stride_ks, ahead_ok)
-                _prefetch_l2(V + hk * stride_vh + ahead_row * stride_vb + (ahead_pos % PAGE_SIZE) * stride_vs, ahead_ok)
-                ahead_col = (ahead_pos + BLOCK_N) // PAGE_SIZE
-                ahead = tl.load(BLOCK_TABLE + b * stride_btb + ahead_col, mask=ahead_col < page_cols, other=-1)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
@@ -451,15 +428,6 @@ PAGE_BLOCKS = True
 # the H100 (batch 32 x 4k: 2.877 against 2.875 TB/s, bench/results/decode.md, 'preloaded blocks'),
 # so the gather, the longer-measured path, stays. Read per call.
 PRELOADED_BLOCKS = False
-
-
-# A paged split that reads one table entry a block (PAGE_BLOCKS, no preload) may also prefetch
-# into L2 the first K and V line of the block this many blocks ahead (0: off), so that the
-# address translation of a page placed anywhere in memory starts before the block's copies are
-# issued. Why try: at 32k keys the paged call in random page order reads 0.7 % slower than the
-# same cache with its pages in memory order, and 1.3 % slower than cuDNN on the contiguous one
-# (bench/results/decode.md, back to back). CUDA only; read per call.
-PREFETCH_PAGES_AHEAD = 0
 
 
 def page_blocks(page_size: int, block_n: int, leftpad: bool, window_left: int) -> bool:
@@ -855,7 +823,6 @@ def decode_attention(
             total_lens is not None, batch_idx is not None, leftpad is not None, alibi_slopes is not None,
             softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1, need_lse or splits > 1, aligned, merge,
             merge and need_lse, min(max(MERGE_CHUNK * 16 // block_m, 1), 1 << (splits - 1).bit_length()) if merge else 1,
-            PREFETCH_PAGES_AHEAD if by_block and not preload and on_gpu else 0,
         )
         launch(grid, args, constexprs, num_warps, num_stages)
         if flags is not None and (kept is None or kept[0] is not launch):
