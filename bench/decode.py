@@ -88,7 +88,7 @@ def main() -> None:
             if name in steady and "sdpa_cudnn" in steady:
                 r = harness.ratio(steady["sdpa_cudnn"], steady[name])  # time ratio: bandwidth ours / cuDNN
                 row[f"steady_{name}_vs_cudnn"] = r.median
-                row[f"steady_{name}_vs_cudnn_ci"] = f"[{r.low:.3f}, {r.high:.3f}]"
+                row[f"steady_{name}_vs_cudnn_ci"] = r.interval
         rows.append(row)
         print(row, flush=True)
     columns = dict(context="context", ours_paged="ours paged", ours_paged_lookup="ours paged, lookups",

@@ -19,21 +19,6 @@ GROUPS = (1, 4, 16)  # consecutive pages kept together in the random order
 ROUNDS, CALLS = 12, 20
 
 
-def grouped_pages(k, v, group: int):
-    """``k``/``v`` ``[B, S, HK, D]`` scattered over pages in random order by runs of ``group``
-    consecutive pages: ``(kp, vp, table)``."""
-    import torch
-
-    pages = BATCH * k.shape[1] // PAGE
-    runs = torch.randperm(pages // group, device="cuda")
-    perm = (runs[:, None] * group + torch.arange(group, device="cuda")).flatten()
-    kp = torch.empty(pages, PAGE, HK, D, device="cuda", dtype=k.dtype)
-    vp = torch.empty_like(kp)
-    kp[perm] = k.reshape(pages, PAGE, HK, D)
-    vp[perm] = v.reshape(pages, PAGE, HK, D)
-    return kp, vp, perm.view(BATCH, -1).to(torch.int32)
-
-
 def main() -> None:
     args = harness.arguments(__doc__).parse_args()
     import torch
@@ -44,11 +29,11 @@ def main() -> None:
     rows = []
     for ctx in CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
-        q, k, v, lens, _, _, _ = harness.decode_inputs(ctx)
+        q, k, v, lens, *random = harness.decode_inputs(ctx)
         runs = {"contiguous": lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)}
         in_order = torch.arange(BATCH * ctx // PAGE, device="cuda", dtype=torch.int32).view(BATCH, -1)
         layouts = {"in order": (k.view(-1, PAGE, HK, D), v.view(-1, PAGE, HK, D), in_order)}
-        layouts.update({f"random by {g}": grouped_pages(k, v, g) for g in GROUPS})
+        layouts.update({f"random by {g}": harness.scattered_pages(k, v, g) if g > 1 else random for g in GROUPS})
         for name, (kp, vp, table) in layouts.items():
             runs[name] = lambda kp=kp, vp=vp, table=table: fa.flash_attn_with_kvcache(
                 q, kp, vp, cache_seqlens=lens, block_table=table)
@@ -61,7 +46,7 @@ def main() -> None:
         for name, t in samples.items():
             r = harness.ratio(samples["cudnn"], t)  # time ratio: bandwidth ÷ cuDNN's
             rows.append(dict(context=ctx, call=name, tbps=kv_bytes / statistics.median(t) / 1e6,
-                             vs_cudnn=r.median, interval=f"[{r.low:.3f}, {r.high:.3f}]",
+                             vs_cudnn=r.median, interval=r.interval,
                              equals_contiguous=name not in mismatched if name != "cudnn" else None,
                              rounds_us=[round(x, 2) for x in t]))
             print(rows[-1], flush=True)

@@ -26,7 +26,8 @@ API (everything else here is private):
     Returns the samples, ``rounds`` per name, round ``i`` of every name taken together.
 ``ratio(a, b) -> Ratio``
     ``a / b`` of two paired sample lists: the median of the per-round ratios, a 95 % bootstrap
-    interval of that median (seeded, so reruns on the same samples agree) and the min/max.
+    interval of that median (seeded, so reruns on the same samples agree; ``.interval`` writes it
+    as ``[low, high]``) and the min/max.
 ``attention_row(row, contenders, flop, *, rounds=ROUNDS) -> dict``
     Fills ``row`` with each ``name -> (forward, forward_and_backward)`` contender's TFLOP/s
     (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that; a forward of None is
@@ -68,6 +69,7 @@ API (everything else here is private):
     through ``enable_gqa`` where the backend takes it, else K/V expanded to the query heads
     (the callable's ``expanded_kv`` says which).
 ``DECODE_SHAPE``, ``DECODE_CONTEXTS``, ``decode_inputs(ctx) -> (q, k, v, lens, kp, vp, table)``
+    (``scattered_pages(k, v, group=1) -> (kp, vp, table)``: the paging alone, by runs of pages)
     The decode benchmarks' step: shape (batch, query heads, KV heads, head_dim, keys a page),
     contexts, and one step's tensors (a dense cache and the same keys over pages in random order).
 ``settings({(owner, name): value, ...})``
@@ -137,8 +139,13 @@ class Ratio(NamedTuple):
     min: float
     max: float
 
+    @property
+    def interval(self) -> str:
+        """The 95 % interval as ``[low, high]``, three decimals."""
+        return f"[{self.low:.3f}, {self.high:.3f}]"
+
     def __str__(self) -> str:
-        return f"{self.median:.3f} [{self.low:.3f}, {self.high:.3f}]"
+        return f"{self.median:.3f} {self.interval}"
 
 
 def arguments(doc: Optional[str], *, baseline: bool = False) -> argparse.ArgumentParser:
@@ -484,13 +491,24 @@ def decode_inputs(ctx: int) -> tuple:
     k = torch.randn(batch, ctx, hk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    pages = ctx // page
-    perm = torch.randperm(batch * pages, device="cuda")
-    kp = torch.empty(batch * pages, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    return (q, k, v, lens, *scattered_pages(k, v))
+
+
+def scattered_pages(k, v, group: int = 1) -> tuple:
+    """The dense cache ``k``/``v`` ``[B, S, HK, D]`` copied into ``DECODE_SHAPE``'s pages in random
+    order, by runs of ``group`` consecutive pages: ``(kp, vp, table)``."""
+    import torch
+
+    page = DECODE_SHAPE[4]
+    batch, ctx, hk, d = k.shape
+    pages = batch * ctx // page
+    runs = torch.randperm(pages // group, device=k.device)
+    perm = (runs[:, None] * group + torch.arange(group, device=k.device)).flatten()
+    kp = torch.empty(pages, page, hk, d, device=k.device, dtype=k.dtype)
     vp = torch.empty_like(kp)
-    kp[perm] = k.view(batch * pages, page, hk, d)
-    vp[perm] = v.view(batch * pages, page, hk, d)
-    return q, k, v, lens, kp, vp, perm.view(batch, pages).to(torch.int32)
+    kp[perm] = k.reshape(pages, page, hk, d)
+    vp[perm] = v.reshape(pages, page, hk, d)
+    return kp, vp, perm.view(batch, -1).to(torch.int32)
 
 
 @contextlib.contextmanager
