@@ -25,6 +25,8 @@
 # (the capture query asked, the partials, the merge, one slice, Python alone) beside sdpa.
 # decodepages (not in the default list, about 20 s): bench/decode_pages.py, the paged decode with its pages
 # in random order, by runs of pages, and in memory order, beside the contiguous cache and cuDNN, back to back.
+# headpairs (not in the default list, about 120 s): bench/fwd_head_pairs.py, the Triton forward with two or four
+# query heads of a GQA group in one program beside the one-head program and cuDNN (causal, head_dim 64 and 128).
 # power (not in the default list, about 70 s): bench/power_probe.py, the SM clock and power draw while our
 # forward and cuDNN's run back to back at head_dim 128 (16k and 4k keys) and 64 (4k keys, causal and not).
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
@@ -72,5 +74,6 @@ want power && step 150 python3 bench/power_probe.py --out "$RES" --commit "${COM
 want decodesplit && step 200 python3 bench/e2e_decode_split.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodehost && step 60 python3 bench/decode_host.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodepages && step 60 python3 bench/decode_pages.py --out "$RES" --commit "${COMMIT:-unknown}"
+want headpairs && step 200 python3 bench/fwd_head_pairs.py --out "$RES" --commit "${COMMIT:-unknown}"
 want e2e && step 200 python3 bench/e2e_transformers.py --shape llama-3-8b --out "$RES" --commit "${COMMIT:-unknown}"
 echo "=== done $(date -u +%T)"

@@ -71,6 +71,8 @@ def configurations(F, B, D) -> dict:
                     BLOCK_M=128, BLOCK_N=64, BLOCK_D=128)
     if "WIDE" in F._fwd_kernel.arg_names:  # 64-bit row offsets (newer packages): the default is off
         fwd_base["WIDE"] = False
+    if "HEADS" in F._fwd_kernel.arg_names:  # query heads a program (newer packages): the default is one
+        fwd_base["HEADS"] = 1
     cases = {
         "fwd_d128": (F._fwd_kernel, fwd_base, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 8, 3),
         "fwd_d128_causal_merge": (F._fwd_kernel, {**fwd_base, "HAS_RIGHT": True, "MERGE_DIAG": True, "ORDER": 1, "BLOCK_M": 64, "STORE_LSE": False}, {"CuQ", "CuK", "SeqUsedK", "Alibi"}, 4, 3),

@@ -303,6 +303,80 @@ def test_diagonal_blocks_in_one_loop_or_two_give_the_reference(one_loop, sk, opt
     assert lse_err(lse, ref_lse) < LSE_TOL[torch.float16]
 
 
+@pytest.mark.parametrize("heads", [2, 4], ids=["two-heads", "four-heads"])
+@pytest.mark.parametrize("order", ["in_order", "per_head", "heavy_first"])
+@pytest.mark.parametrize("opts", [dict(causal=True), dict(), dict(window_size=(5, 3)), dict(causal=True, softcap=4.0)],
+                         ids=["causal", "full", "window", "causal-softcap"])
+@pytest.mark.parametrize("sq, sk", [(53, 47), (40, 53)], ids=["sq>sk", "sq<sk"])
+def test_heads_sharing_a_program_give_each_head_its_own_rows(heads, order, opts, sq, sk):
+    """With several query heads of a GQA group in one program (the tile's rows split among
+    them, each head its own run of query positions), every head still gets its own output and
+    lse rows, ragged ends and diagonals included, in every launch order."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    q = torch.randn(3, sq, 8, 32, dtype=torch.float16)  # 2 K/V heads: groups of 4
+    k, v = (torch.randn(3, sk, 2, 32, dtype=torch.float16) for _ in range(2))
+    with poisoned_allocations():
+        out, lse = fwd.attention_forward(q, k, v, softmax_scale=32 ** -0.5, heads_per_program=heads,
+                                         row_order=order, config=(32, 16, 4, 1),
+                                         causal=opts.get("causal", False), softcap=opts.get("softcap", 0.0),
+                                         window_size=opts.get("window_size", (-1, -1)))
+    ref_out, ref_lse = reference(q.double(), k.double(), v.double(), **opts)
+    assert rel_err(out, ref_out) < TOL[torch.float16]
+    assert lse_err(lse, ref_lse) < LSE_TOL[torch.float16]
+
+
+def test_heads_sharing_a_program_in_packed_sequences_and_strided_views():
+    """Packed sequences (per-sequence bounds) and views with odd strides read and write each
+    head's rows through its own stride when two heads share a program."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    lens = [19, 1, 34]
+    cu = torch.tensor([0, 19, 20, 54], dtype=torch.int32)
+    q = torch.randn(54, 4, 40, dtype=torch.float16)
+    k = torch.randn(54, 2, 48, dtype=torch.float16)[..., :40]
+    v = torch.randn(54, 4, 40, dtype=torch.float16)[:, ::2]
+    with poisoned_allocations():
+        out, lse = fwd.attention_forward(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=34,
+                                         max_seqlen_k=34, softmax_scale=0.2, causal=True,
+                                         heads_per_program=2, config=(32, 16, 4, 1))
+    start = 0
+    for n in lens:
+        rows = slice(start, start + n)
+        ref_out, ref_lse = reference(q[None, rows].double(), k[None, rows].double(), v[None, rows].double(),
+                                     causal=True, softmax_scale=0.2)
+        assert rel_err(out[rows], ref_out[0]) < TOL[torch.float16]
+        assert lse_err(lse[:, rows], ref_lse[0]) < LSE_TOL[torch.float16]
+        start += n
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(heads_per_program=3), "must divide the GQA group"),
+    (dict(heads_per_program=2, dropout_p=0.1), "ALiBi or dropout"),
+    (dict(heads_per_program=2, alibi_slopes=torch.rand(4)), "ALiBi or dropout"),
+    (dict(heads_per_program=4, config=(16, 16, 4, 1)), None),
+    (dict(heads_per_program=3, config=(16, 16, 4, 1)), "does not divide the tile's 16 rows"),
+], ids=["not-a-divisor", "dropout", "alibi", "four-heads-in-16-rows", "three-heads-in-16-rows"])
+def test_heads_per_program_refuses_what_it_cannot_split(call, message):
+    """Heads share a program only where they split the tile's rows evenly and share every
+    per-head input; anything else is refused before a launch, naming the reason."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    heads = 3 if call["heads_per_program"] == 3 and "config" in call else 4  # a group of 3 for the tile case
+    q = torch.randn(1, 20, heads, 32, dtype=torch.float16)
+    k, v = (torch.randn(1, 20, 1, 32, dtype=torch.float16) for _ in range(2))
+    if message is None:
+        out, _ = fwd.attention_forward(q, k, v, softmax_scale=0.2, causal=True, **call)
+        ref_out, _ = reference(q.double(), k.double(), v.double(), causal=True, softmax_scale=0.2)
+        assert rel_err(out, ref_out) < TOL[torch.float16]
+        return
+    with pytest.raises(ValueError, match=message):
+        fwd.attention_forward(q, k, v, softmax_scale=0.2, causal=True, **call)
+
+
 def test_diagonal_loop_rule():
     """One loop for right-bounded rows up to MERGE_DIAG_MAX_KEYS keys, two above; unbounded rows
     have no diagonal; dropout always takes two (its one-loop build faults on sm90)."""

@@ -154,7 +154,12 @@ def _fwd_kernel(
     HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
     EVEN_N: tl.constexpr, MERGE_DIAG: tl.constexpr, ORDER: tl.constexpr, STORE_LSE: tl.constexpr,
     WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEADS: tl.constexpr,
 ):
+    # HEADS query heads of one GQA group share a program (see HEADS_PER_PROGRAM): the tile's
+    # BLOCK_M rows are HEADS runs of POS query positions, head by head, all reading the same K/V
+    # block, so each K/V load serves BLOCK_M rows while the causal diagonal stays POS rows tall.
+    POS: tl.constexpr = BLOCK_M // HEADS
     # ORDER picks which program the GPU starts first (it dispatches in grid order, x fastest);
     # see ``_row_order`` on the host.
     if ORDER == ORDER_HEAVY_FIRST:
@@ -167,19 +172,29 @@ def _fwd_kernel(
     else:
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
-    b = pid_bh // n_heads_q
-    h = pid_bh % n_heads_q
+    if HEADS == 1:
+        b = pid_bh // n_heads_q
+        h = pid_bh % n_heads_q
+    else:
+        b = pid_bh // (n_heads_q // HEADS)
+        h = (pid_bh % (n_heads_q // HEADS)) * HEADS  # the program's first query head
     hk = h // group
     q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(b, CuQ, CuK, SeqUsedK, seqlen_q_dense,
                                                        seqlen_k_dense, IS_VARLEN, HAS_SEQUSED)
-    m0 = pid_m * BLOCK_M
+    m0 = pid_m * POS
     if m0 >= seqlen_q:
         return
     diag = seqlen_k - seqlen_q
     b64 = b.to(tl.int64)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
+    if HEADS == 1:
+        offs_m = m0 + tl.arange(0, BLOCK_M)
+    else:
+        offs_m = m0 + tl.arange(0, BLOCK_M) % POS
+        head_of_row = tl.arange(0, BLOCK_M) // POS  # relative to h
     offs_d = tl.arange(0, BLOCK_D)
     q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start.to(tl.int64) * stride_qm
+    if HEADS > 1:
+        q_base += (head_of_row * stride_qh)[:, None]
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_kn
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vn
     q_mask = offs_m[:, None] < seqlen_q
@@ -198,7 +213,7 @@ def _fwd_kernel(
              tl.full([BLOCK_M], float("-inf"), dtype=tl.float32))
 
     lo, hi, flo, fhi = _key_range(m0, seqlen_q, seqlen_k, diag, window_left, window_right,
-                                  BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+                                  POS, BLOCK_N, HAS_LEFT, HAS_RIGHT)
     # Masked blocks at the window's left edge, the unmasked bulk, then the diagonal / end.
     state = _fwd_inner(state, q, kv, offs_m, offs_d, (lo, flo, flo), head_dim, win, sc, rng,
                        HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D,
@@ -225,10 +240,14 @@ def _fwd_kernel(
     lse = tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
 
     o_base = Out + b64 * stride_ob + h.to(tl.int64) * stride_oh + q_start.to(tl.int64) * stride_om
+    if HEADS > 1:
+        o_base += (head_of_row * stride_oh)[:, None]
     tl.store(o_base + _row_offsets(offs_m[:, None], stride_om, WIDE) + offs_d[None, :], out.to(Out.dtype.element_ty),
              mask=q_mask)
     if STORE_LSE:
         l_base = Lse + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start.to(tl.int64) * stride_lm
+        if HEADS > 1:
+            l_base += head_of_row * stride_lh
         tl.store(l_base + offs_m * stride_lm, lse, mask=offs_m < seqlen_q)
 
 
@@ -365,10 +384,16 @@ def attention_forward(
     store_lse: bool = True,
     row_order: Optional[str] = None,
     merge_diag: Optional[bool] = None,
+    heads_per_program: Optional[int] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``.
 
     ``store_lse=False`` (inference callers that drop it) skips the lse buffer: lse is None.
+    ``heads_per_program`` (benchmarks and tests; default :func:`heads_per_program`'s choice) puts
+    that many query heads of a GQA group in one program, the config's BLOCK_M rows split among
+    them; it must divide the group, and calls with ALiBi or dropout take 1.
+
+    Raises ValueError for a ``heads_per_program`` the call cannot take.
 
     ``config`` (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the shipped table,
     ``row_order`` ("in_order", "per_head", "heavy_first") the launch order, and ``merge_diag``
@@ -425,22 +450,28 @@ def attention_forward(
     rows_q, rows_k = (total_q, k.shape[0]) if varlen else (sq_max, sk_max)
     wide = needs_wide_offsets(rows_q * max(strides[1], strides[10]), rows_k * max(strides[4], strides[7]))
 
-    programs_bh = batch * hq
+    heads = 1 if heads_per_program is None else int(heads_per_program)
+    if heads != 1 and ((hq // hk) % heads or alibi_slopes is not None or dropout_p > 0.0):
+        raise ValueError(f"heads_per_program={heads}: it must divide the GQA group ({hq // hk} query heads a "
+                         "K/V head), and calls with ALiBi or dropout take 1")
+    programs_bh = batch * hq // heads
     chunk = programs_bh
     if right >= 0:
-        chunk = _heads_per_chunk(programs_bh, hq // hk, sk_max * head_dim * 2 * q.element_size(),
+        chunk = _heads_per_chunk(programs_bh, hq // hk // heads, sk_max * head_dim * 2 * q.element_size(),
                                  L2_BUDGET_BYTES)
 
     def launch(cfg):
         bm_, bn_, w_, s_ = cfg
-        blocks = (sq_max + bm_ - 1) // bm_
+        if bm_ % heads:
+            raise ValueError(f"heads_per_program={heads} does not divide the tile's {bm_} rows")
+        blocks = (sq_max + bm_ // heads - 1) // (bm_ // heads)
         order = (_row_order(right >= 0, left >= 0, block_d, blocks, programs_bh, chunk) if row_order is None
                  else _ORDERS[row_order])
         grid = (chunk, blocks, programs_bh // chunk) if order == _HEAVY_FIRST else (blocks, programs_bh, 1)
         # EVEN_N: every key block ends inside every sequence (dense keys only: varlen and seqused
         # lengths vary per row)
         even_n = not varlen and seqused_k is None and sk_max % bn_ == 0
-        _FWD(grid, args, flags + (even_n, merge, order, store_lse, wide, bm_, bn_, block_d), w_, s_)
+        _FWD(grid, args, flags + (even_n, merge, order, store_lse, wide, bm_, bn_, block_d, heads), w_, s_)
 
     merge = (_one_loop(right >= 0, sk_max, dropout_p > 0.0) if merge_diag is None
              else right >= 0 and bool(merge_diag))
