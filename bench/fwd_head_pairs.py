@@ -1,6 +1,6 @@
 """The Triton forward with several query heads of a GQA group in one program, beside the
-one-head program the package ships for these rows, the package's own call and SDPA cuDNN
-(bf16, causal, 16k tokens per batch, GQA 32/8).
+one-head programs (64- and 128-row tiles), the Gluon forward, the package's own call and SDPA
+cuDNN (bf16, causal, 16k tokens per batch; GQA 32/8 and MHA 16/16).
 
 Why: at head_dim 64 a 64-row tile reads a 16 KB K/V block for every 1 MFLOP it computes; at
 ~370 TFLOP/s that is ~5.7 TB/s out of L2, near what the L2 delivers. Two heads of a group in one
@@ -12,7 +12,8 @@ where the softmax bounds it (as in the Gluon kernel), no change.
 Every variant's output and lse are compared with the shipped one-head program's. Writes
 ``bench/results/fwd_head_pairs.md`` and ``.json``::
 
-    python bench/fwd_head_pairs.py [--head-dims 64,128] [--seqs 1024,2048,4096,8192]
+    python bench/fwd_head_pairs.py [--head-dims 64,128] [--seqs 1024,2048,4096,8192] [--heads 32/8,16/16]
+                                   [--variants t64,t2h128w4,...] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -22,84 +23,97 @@ import importlib
 import harness
 
 TOKENS = 16384
-HQ, HK = 32, 8
-# (label, heads a program, (BLOCK_M, BLOCK_N, warps, stages)); BLOCK_M counts rows of all heads
-VARIANTS = [
-    ("1 head, 64 rows (shipped Triton)", 1, (64, 64, 4, 3)),
-    ("2 heads, 128 rows, 8 warps", 2, (128, 64, 8, 3)),
-    ("2 heads, 128 rows, 4 warps", 2, (128, 64, 4, 3)),
-    ("2 heads, 128 rows, 8 warps, 2 stages", 2, (128, 64, 8, 2)),
-    ("2 heads, 128 rows, 128 keys, 8 warps", 2, (128, 128, 8, 2)),
-    ("4 heads, 256 rows, 8 warps", 4, (256, 64, 8, 2)),
-    ("1 head, 128 rows, 8 warps", 1, (128, 64, 8, 3)),
-]
+# key -> (label, heads a program, (BLOCK_M, BLOCK_N, warps, stages)); BLOCK_M counts rows of all
+# heads. The first is the reference the others are compared with.
+VARIANTS = {
+    "t64": ("Triton 1 head, 64 rows, 4 warps", 1, (64, 64, 4, 3)),
+    "t2h128w8": ("Triton 2 heads, 128 rows, 8 warps", 2, (128, 64, 8, 3)),
+    "t2h128w4": ("Triton 2 heads, 128 rows, 4 warps", 2, (128, 64, 4, 3)),
+    "t2h128w8s2": ("Triton 2 heads, 128 rows, 8 warps, 2 stages", 2, (128, 64, 8, 2)),
+    "t2h128n128": ("Triton 2 heads, 128 rows, 128 keys, 8 warps", 2, (128, 128, 8, 2)),
+    "t4h256": ("Triton 4 heads, 256 rows, 8 warps", 4, (256, 64, 8, 2)),
+    "t128w8": ("Triton 1 head, 128 rows, 8 warps", 1, (128, 64, 8, 3)),
+    "t128w4": ("Triton 1 head, 128 rows, 4 warps", 1, (128, 64, 4, 3)),
+}
 
 
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqs", default="1024,2048,4096,8192")
+    parser.add_argument("--heads", default="32/8", help="query/kv heads, comma-separated")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}; t64 always")
+    parser.add_argument("--gluon", action="store_true", help="the Gluon forward as well")
+    parser.add_argument("--rounds", type=int, default=harness.ROUNDS)
     args = parser.parse_args()
+    picked = {key: VARIANTS[key] for key in ["t64"] + [v for v in args.variants.split(",") if v != "t64"]}
     import torch
     from torch.nn.attention import SDPBackend
 
     fa = harness.shipped_kernel()
     fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    gluon = importlib.import_module(fa.__name__ + "._gluon_fwd")
+    reference = picked["t64"][0]
     harness.warm_gpu()
     rows = []
-    for d in (int(x) for x in args.head_dims.split(",")):
-        for seq in (int(x) for x in args.seqs.split(",")):
-            b = TOKENS // seq
-            q = torch.randn(b, seq, HQ, d, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(b, seq, HK, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            scale = d ** -0.5
-            calls = {label: (lambda h=h, cfg=cfg: fwd.attention_forward(
-                q, k, v, softmax_scale=scale, causal=True, heads_per_program=h, config=cfg))
-                for label, h, cfg in VARIANTS}
-            calls["package"] = lambda: fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2]
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-            calls["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, True)
-            want_out, want_lse = calls[VARIANTS[0][0]]()
-            checks = {}
-            for label, fn in calls.items():
-                if label == "cudnn":
-                    continue
-                try:
-                    out, lse = fn()
-                    checks[label] = (float((out.float() - want_out.float()).abs().max()),
-                                     float((lse - want_lse).abs().max()))
-                except Exception as e:  # a tile that does not compile or fit: reported, not timed
-                    checks[label] = f"{type(e).__name__}: {str(e)[:160]}"
-            medians, errors, samples = harness.interleaved_us(
-                {label: fn for label, fn in calls.items() if not isinstance(checks.get(label), str)})
-            flop = 4 * b * HQ * seq * seq * d / 2
-            for label in calls:
-                check = checks.get(label)
-                row = dict(head_dim=d, seq=seq, call=label, tflops=None, vs_cudnn=None, vs_shipped=None,
-                           max_out_diff=None, max_lse_diff=None, error=errors.get(label))
-                if isinstance(check, str):
-                    row["error"] = check
-                elif check is not None:
-                    row["max_out_diff"], row["max_lse_diff"] = check
-                if label in medians:
-                    row["tflops"] = flop / medians[label] / 1e6
-                    row["vs_cudnn"] = medians["cudnn"] / medians[label] if "cudnn" in medians else None
-                    row["vs_shipped"] = medians[VARIANTS[0][0]] / medians[label]
-                    row["rounds_us"] = [round(x, 2) for x in samples[label]]
-                rows.append(row)
-                print(row, flush=True)
+    shapes = [(d, hq, hk, seq) for d in (int(x) for x in args.head_dims.split(","))
+              for hq, hk in (tuple(int(n) for n in h.split("/")) for h in args.heads.split(","))
+              for seq in (int(x) for x in args.seqs.split(","))]
+    for d, hq, hk, seq in shapes:
+        b = TOKENS // seq
+        q = torch.randn(b, seq, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, seq, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        scale = d ** -0.5
+        calls = {label: (lambda h=h, cfg=cfg: fwd.attention_forward(
+            q, k, v, softmax_scale=scale, causal=True, heads_per_program=h, config=cfg))
+            for label, h, cfg in picked.values() if (hq // hk) % h == 0}
+        if args.gluon:
+            calls["Gluon"] = lambda: gluon.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=True)
+        calls["package"] = lambda: fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2]
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        calls["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, True)
+        want_out, want_lse = calls[reference]()
+        checks = {}
+        for label, fn in calls.items():
+            if label == "cudnn":
+                continue
+            try:
+                out, lse = fn()
+                checks[label] = (float((out.float() - want_out.float()).abs().max()),
+                                 float((lse - want_lse).abs().max()))
+            except Exception as e:  # a tile that does not compile or fit: reported, not timed
+                checks[label] = f"{type(e).__name__}: {str(e)[:160]}"
+        medians, errors, samples = harness.interleaved_us(
+            {label: fn for label, fn in calls.items() if not isinstance(checks.get(label), str)},
+            rounds=args.rounds)
+        flop = 4 * b * hq * seq * seq * d / 2
+        for label in calls:
+            check = checks.get(label)
+            row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, call=label, tflops=None, vs_cudnn=None, vs_shipped=None,
+                       max_out_diff=None, max_lse_diff=None, error=errors.get(label))
+            if isinstance(check, str):
+                row["error"] = check
+            elif check is not None:
+                row["max_out_diff"], row["max_lse_diff"] = check
+            if label in medians:
+                row["tflops"] = flop / medians[label] / 1e6
+                row["vs_cudnn"] = medians["cudnn"] / medians[label] if "cudnn" in medians else None
+                row["vs_shipped"] = medians[reference] / medians[label]
+                row["rounds_us"] = [round(x, 2) for x in samples[label]]
+            rows.append(row)
+            print(row, flush=True)
     path = harness.write_results(
         "fwd_head_pairs", rows,
-        title=f"Triton forward, query heads of a GQA group sharing a program (bf16, causal, GQA {HQ}/{HK}, "
-              f"{TOKENS} tokens a batch)",
-        columns=dict(head_dim="d", seq="seq", call="call", tflops="TFLOP/s", vs_cudnn="÷ cuDNN",
+        title=f"Causal forward tiles: query heads of a GQA group sharing a Triton program, beside one-head "
+              f"programs, the Gluon forward and cuDNN (bf16, {TOKENS} tokens a batch)",
+        columns=dict(head_dim="d", heads="heads", seq="seq", call="call", tflops="TFLOP/s", vs_cudnn="÷ cuDNN",
                      vs_shipped="÷ 1-head Triton", max_out_diff="max |out diff|", max_lse_diff="max |lse diff|",
                      error="error"),
         out_dir=args.out, commit=args.commit,
         notes=["Forward only, FLOPs 2·B·H·S²·D (causal). The variants call the Triton forward directly with "
                "the tile and heads a program given; 'package' is flash_attn_func as shipped (its dispatch "
-               "picks Triton or Gluon); diffs are against the one-head 64-row program's output and lse. "
-               f"Median of {harness.ROUNDS} interleaved rounds of do_bench medians."])
+               "picks Triton or Gluon); 'Gluon' the Gluon forward called directly; diffs are against the one-head "
+               f"64-row program's output and lse. Median of {args.rounds} interleaved rounds of do_bench medians."])
     print(path.read_text())
 
 
