@@ -13,12 +13,18 @@ Every variant's output and lse are compared with the shipped one-head program's.
 ``bench/results/fwd_head_pairs.md`` and ``.json``::
 
     python bench/fwd_head_pairs.py [--head-dims 64,128] [--seqs 1024,2048,4096,8192] [--heads 32/8,16/16]
-                                   [--variants t64,t2h128w4,...] [--rounds 4]
+                                   [--variants t64,t2h128w4,...] [--rounds 4] [--paired 40]
+
+``--paired N`` times the calls back to back instead (10 calls between two CUDA events, N
+interleaved rounds, no L2 flush) and gives each ratio as the median of its per-round ratios with a
+95 % bootstrap interval: the forward's own timings move by 5-10 % from round to round at the
+GPU's power limit, more than the differences between these tiles.
 """
 
 from __future__ import annotations
 
 import importlib
+import statistics
 
 import harness
 
@@ -45,6 +51,7 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}; t64 always")
     parser.add_argument("--gluon", action="store_true", help="the Gluon forward as well")
     parser.add_argument("--rounds", type=int, default=harness.ROUNDS)
+    parser.add_argument("--paired", type=int, default=0, help="rounds of paired back-to-back timing")
     args = parser.parse_args()
     picked = {key: VARIANTS[key] for key in ["t64"] + [v for v in args.variants.split(",") if v != "t64"]}
     import torch
@@ -83,9 +90,12 @@ def main() -> None:
                                  float((lse - want_lse).abs().max()))
             except Exception as e:  # a tile that does not compile or fit: reported, not timed
                 checks[label] = f"{type(e).__name__}: {str(e)[:160]}"
-        medians, errors, samples = harness.interleaved_us(
-            {label: fn for label, fn in calls.items() if not isinstance(checks.get(label), str)},
-            rounds=args.rounds)
+        runnable = {label: fn for label, fn in calls.items() if not isinstance(checks.get(label), str)}
+        if args.paired:
+            samples = harness.paired(runnable, rounds=args.paired, calls=10)
+            medians, errors = {label: statistics.median(t) for label, t in samples.items()}, {}
+        else:
+            medians, errors, samples = harness.interleaved_us(runnable, rounds=args.rounds)
         flop = 4 * b * hq * seq * seq * d / 2
         for label in calls:
             check = checks.get(label)
@@ -99,6 +109,10 @@ def main() -> None:
                 row["tflops"] = flop / medians[label] / 1e6
                 row["vs_cudnn"] = medians["cudnn"] / medians[label] if "cudnn" in medians else None
                 row["vs_shipped"] = medians[reference] / medians[label]
+                if args.paired:  # time ratios: the speed of ``label`` over the other's
+                    for key, other in (("vs_cudnn", "cudnn"), ("vs_shipped", reference)):
+                        r = harness.ratio(samples[other], samples[label])
+                        row[key], row[f"{key}_interval"] = r.median, r.interval
                 row["rounds_us"] = [round(x, 2) for x in samples[label]]
             rows.append(row)
             print(row, flush=True)
@@ -107,13 +121,18 @@ def main() -> None:
         title=f"Causal forward tiles: query heads of a GQA group sharing a Triton program, beside one-head "
               f"programs, the Gluon forward and cuDNN (bf16, {TOKENS} tokens a batch)",
         columns=dict(head_dim="d", heads="heads", seq="seq", call="call", tflops="TFLOP/s", vs_cudnn="÷ cuDNN",
-                     vs_shipped="÷ 1-head Triton", max_out_diff="max |out diff|", max_lse_diff="max |lse diff|",
-                     error="error"),
+                     **({"vs_cudnn_interval": "95 % interval"} if args.paired else {}),
+                     vs_shipped="÷ 1-head Triton",
+                     **({"vs_shipped_interval": "95 % interval"} if args.paired else {}),
+                     max_out_diff="max |out diff|", max_lse_diff="max |lse diff|", error="error"),
         out_dir=args.out, commit=args.commit,
         notes=["Forward only, FLOPs 2·B·H·S²·D (causal). The variants call the Triton forward directly with "
                "the tile and heads a program given; 'package' is flash_attn_func as shipped (its dispatch "
                "picks Triton or Gluon); 'Gluon' the Gluon forward called directly; diffs are against the one-head "
-               f"64-row program's output and lse. Median of {args.rounds} interleaved rounds of do_bench medians."])
+               "64-row program's output and lse. "
+               + (f"10 calls back to back between two CUDA events (no L2 flush), {args.paired} interleaved rounds; "
+                  "ratios are medians of per-round ratios with a 95 % bootstrap interval." if args.paired else
+                  f"Median of {args.rounds} interleaved rounds of do_bench medians.")])
     print(path.read_text())
 
 
