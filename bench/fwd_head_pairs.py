@@ -1,6 +1,6 @@
 """The Triton forward with several query heads of a GQA group in one program, beside the
 one-head programs (64- and 128-row tiles), the Gluon forward, the package's own call and SDPA
-cuDNN (bf16, causal, 16k tokens per batch; GQA 32/8 and MHA 16/16).
+cuDNN (bf16, 16k tokens per batch; GQA 32/8 and MHA 16/16; causal by default).
 
 Why: at head_dim 64 a 64-row tile reads a 16 KB K/V block for every 1 MFLOP it computes; at
 ~370 TFLOP/s that is ~5.7 TB/s out of L2, near what the L2 delivers. Two heads of a group in one
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--gluon", action="store_true", help="the Gluon forward as well")
     parser.add_argument("--rounds", type=int, default=harness.ROUNDS)
     parser.add_argument("--paired", type=int, default=0, help="rounds of paired back-to-back timing")
+    parser.add_argument("--masks", default="causal", help="causal, full or both")
     args = parser.parse_args()
     picked = {key: VARIANTS[key] for key in ["t64"] + [v for v in args.variants.split(",") if v != "t64"]}
     import torch
@@ -63,22 +64,23 @@ def main() -> None:
     reference = picked["t64"][0]
     harness.warm_gpu()
     rows = []
-    shapes = [(d, hq, hk, seq) for d in (int(x) for x in args.head_dims.split(","))
+    masks = {"causal": (True,), "full": (False,), "both": (False, True)}[args.masks]
+    shapes = [(d, hq, hk, seq, causal) for d in (int(x) for x in args.head_dims.split(","))
               for hq, hk in (tuple(int(n) for n in h.split("/")) for h in args.heads.split(","))
-              for seq in (int(x) for x in args.seqs.split(","))]
-    for d, hq, hk, seq in shapes:
+              for seq in (int(x) for x in args.seqs.split(",")) for causal in masks]
+    for d, hq, hk, seq, causal in shapes:
         b = TOKENS // seq
         q = torch.randn(b, seq, hq, d, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(b, seq, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         scale = d ** -0.5
         calls = {label: (lambda h=h, cfg=cfg: fwd.attention_forward(
-            q, k, v, softmax_scale=scale, causal=True, heads_per_program=h, config=cfg))
+            q, k, v, softmax_scale=scale, causal=causal, heads_per_program=h, config=cfg))
             for label, h, cfg in picked.values() if (hq // hk) % h == 0}
         if args.gluon:
-            calls["Gluon"] = lambda: gluon.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=True)
-        calls["package"] = lambda: fa.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)[:2]
+            calls["Gluon"] = lambda: gluon.gluon_attention_forward(q, k, v, softmax_scale=scale, causal=causal)
+        calls["package"] = lambda: fa.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)[:2]
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        calls["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, True)
+        calls["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, causal)
         want_out, want_lse = calls[reference]()
         checks = {}
         for label, fn in calls.items():
@@ -96,11 +98,11 @@ def main() -> None:
             medians, errors = {label: statistics.median(t) for label, t in samples.items()}, {}
         else:
             medians, errors, samples = harness.interleaved_us(runnable, rounds=args.rounds)
-        flop = 4 * b * hq * seq * seq * d / 2
+        flop = 4 * b * hq * seq * seq * d / (2 if causal else 1)
         for label in calls:
             check = checks.get(label)
-            row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, call=label, tflops=None, vs_cudnn=None, vs_shipped=None,
-                       max_out_diff=None, max_lse_diff=None, error=errors.get(label))
+            row = dict(head_dim=d, heads=f"{hq}/{hk}", seq=seq, causal=causal, call=label, tflops=None,
+                       vs_cudnn=None, vs_shipped=None, max_out_diff=None, max_lse_diff=None, error=errors.get(label))
             if isinstance(check, str):
                 row["error"] = check
             elif check is not None:
@@ -118,18 +120,19 @@ def main() -> None:
             print(row, flush=True)
     path = harness.write_results(
         "fwd_head_pairs", rows,
-        title=f"Causal forward tiles: query heads of a GQA group sharing a Triton program, beside one-head "
+        title=f"Forward tiles: query heads of a GQA group sharing a Triton program, beside one-head "
               f"programs, the Gluon forward and cuDNN (bf16, {TOKENS} tokens a batch)",
-        columns=dict(head_dim="d", heads="heads", seq="seq", call="call", tflops="TFLOP/s", vs_cudnn="÷ cuDNN",
+        columns=dict(head_dim="d", heads="heads", seq="seq", causal="causal", call="call", tflops="TFLOP/s",
+                     vs_cudnn="÷ cuDNN",
                      **({"vs_cudnn_interval": "95 % interval"} if args.paired else {}),
                      vs_shipped="÷ 1-head Triton",
                      **({"vs_shipped_interval": "95 % interval"} if args.paired else {}),
                      max_out_diff="max |out diff|", max_lse_diff="max |lse diff|", error="error"),
         out_dir=args.out, commit=args.commit,
-        notes=["Forward only, FLOPs 2·B·H·S²·D (causal). The variants call the Triton forward directly with "
-               "the tile and heads a program given; 'package' is flash_attn_func as shipped (its dispatch "
-               "picks Triton or Gluon); 'Gluon' the Gluon forward called directly; diffs are against the one-head "
-               "64-row program's output and lse. "
+        notes=["Forward only, FLOPs 4·B·H·S²·D, halved when causal. The variants call the Triton forward "
+               "directly with the tile and heads a program given; 'package' is flash_attn_func as shipped (its dispatch "
+               "picks Triton or Gluon); 'Gluon' the Gluon forward called directly; diffs are against the "
+               "one-head 64-row program's output and lse. "
                + (f"10 calls back to back between two CUDA events (no L2 flush), {args.paired} interleaved rounds; "
                   "ratios are medians of per-round ratios with a 95 % bootstrap interval." if args.paired else
                   f"Median of {args.rounds} interleaved rounds of do_bench medians.")])
