@@ -130,8 +130,8 @@ def main() -> None:
                      max_out_diff="max |out diff|", max_lse_diff="max |lse diff|", error="error"),
         out_dir=args.out, commit=args.commit,
         notes=["Forward only, FLOPs 4·B·H·S²·D, halved when causal. The variants call the Triton forward "
-               "directly with the tile and heads a program given; 'package' is flash_attn_func as shipped (its dispatch "
-               "picks Triton or Gluon); 'Gluon' the Gluon forward called directly; diffs are against the "
+               "directly with the tile and heads a program given; 'package' is flash_attn_func as shipped "
+               "(its dispatch picks Triton or Gluon); 'Gluon' the Gluon forward called directly; diffs are against the "
                "one-head 64-row program's output and lse. "
                + (f"10 calls back to back between two CUDA events (no L2 flush), {args.paired} interleaved rounds; "
                   "ratios are medians of per-round ratios with a 95 % bootstrap interval." if args.paired else
