@@ -17,10 +17,16 @@ median clock and power of the samples taken during it, the hottest sample, and e
 reason seen (``sw_power_cap``: the power limit lowered the clocks).
 
     python bench/power_probe.py [--out DIR] [--burst S] [--rounds N]     # on a GPU
+    python bench/power_probe.py --rows 64/16/16/4096/causal,64/32/8/16384/causal --triton
+
+``--rows`` picks other rows (head_dim/query heads/kv heads/keys/causal|full); ``--triton`` adds
+the package's Triton forward called directly ('ours Triton', its shipped tile), beside the
+package's own call, which may take the Gluon forward.
 """
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import subprocess
 import threading
@@ -30,7 +36,8 @@ from typing import Optional
 import harness
 
 TOKENS = 16384  # a batch, as bench/attention.py's
-ROWS = ((128, 16, 16384, False), (128, 16, 4096, False), (64, 16, 4096, False), (64, 16, 4096, True))  # (d, heads, keys, causal)
+# (d, query heads, kv heads, keys, causal)
+ROWS = ((128, 16, 16, 16384, False), (128, 16, 16, 4096, False), (64, 16, 16, 4096, False), (64, 16, 16, 4096, True))
 QUERY = "clocks.sm,power.draw,temperature.gpu"
 # nvidia-smi's bit names for the active clock-event reasons (`nvidia-smi --help-query-gpu`)
 REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
@@ -154,22 +161,31 @@ def main() -> None:
     args_parser = harness.arguments(__doc__)
     args_parser.add_argument("--burst", type=float, default=1.5, help="seconds a turn runs (default 1.5)")
     args_parser.add_argument("--rounds", type=int, default=4)
+    args_parser.add_argument("--rows", help="d/hq/hk/keys/causal|full, comma-separated (default: the four above)")
+    args_parser.add_argument("--triton", action="store_true", help="the Triton forward called directly as well")
     args = args_parser.parse_args()
+    rows_wanted = ROWS if not args.rows else [
+        tuple(int(x) for x in r.split("/")[:4]) + (r.split("/")[4] == "causal",) for r in args.rows.split(",")]
     import torch
     from torch.nn.attention import SDPBackend
 
     fa = harness.shipped_kernel()
+    triton_fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
     sampler = Sampler(torch.cuda.current_device())
     sampler.start()
     rows = []
     try:
         harness.warm_gpu()
-        for d, heads, seq, causal in ROWS:
+        for d, heads, heads_k, seq, causal in rows_wanted:
             b = TOKENS // seq
-            q, k, v = (torch.randn(b, seq, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            q = torch.randn(b, seq, heads, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, seq, heads_k, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             contenders = {"ours": lambda: fa.flash_attn_func(q, k, v, causal=causal),
                           "cuDNN": harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, causal)}
+            if args.triton:
+                contenders["ours Triton"] = lambda: triton_fwd.attention_forward(q, k, v, softmax_scale=d ** -0.5,
+                                                                                 causal=causal)
             flop = 4.0 * b * heads * seq * seq * d / (2 if causal else 1)
             calls = {}
             for name, fn in contenders.items():
@@ -179,7 +195,7 @@ def main() -> None:
                 for name in harness.round_order(list(contenders), r):
                     chunks, start, end = turn(contenders[name], calls[name])
                     whole = statistics.fmean(chunks)
-                    rows.append({"head_dim": d, "heads": heads, "seq": seq, "causal": causal, "round": r, "contender": name,
+                    rows.append({"head_dim": d, "heads": f"{heads}/{heads_k}", "seq": seq, "causal": causal, "round": r, "contender": name,
                                  "tflops": flop / whole / 1e6, "first_tflops": flop / chunks[0] / 1e6,
                                  "last_tflops": flop / chunks[-1] / 1e6, "seconds": end - start,
                                  **summarise(sampler.samples, start, end)})
