@@ -21,7 +21,9 @@ reason seen (``sw_power_cap``: the power limit lowered the clocks).
 
 ``--rows`` picks other rows (head_dim/query heads/kv heads/keys/causal|full); ``--triton`` adds
 the package's Triton forward called directly ('ours Triton', its shipped tile), beside the
-package's own call, which may take the Gluon forward.
+package's own call, which may take the Gluon forward; ``--gluon`` the Gluon forward called
+directly; ``--pairs`` (GQA rows) the Triton forward with two query heads a program (128 rows, 8
+warps: ``bench/fwd_head_pairs.py``), which reads each K/V block from L2 half as often.
 """
 
 from __future__ import annotations
@@ -163,6 +165,8 @@ def main() -> None:
     args_parser.add_argument("--rounds", type=int, default=4)
     args_parser.add_argument("--rows", help="d/hq/hk/keys/causal|full, comma-separated (default: the four above)")
     args_parser.add_argument("--triton", action="store_true", help="the Triton forward called directly as well")
+    args_parser.add_argument("--gluon", action="store_true", help="the Gluon forward called directly as well")
+    args_parser.add_argument("--pairs", action="store_true", help="two query heads a Triton program (GQA rows)")
     args = args_parser.parse_args()
     rows_wanted = ROWS if not args.rows else [
         tuple(int(x) for x in r.split("/")[:4]) + (r.split("/")[4] == "causal",) for r in args.rows.split(",")]
@@ -171,6 +175,7 @@ def main() -> None:
 
     fa = harness.shipped_kernel()
     triton_fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    gluon_fwd = importlib.import_module(fa.__name__ + "._gluon_fwd")
     sampler = Sampler(torch.cuda.current_device())
     sampler.start()
     rows = []
@@ -186,6 +191,12 @@ def main() -> None:
             if args.triton:
                 contenders["ours Triton"] = lambda: triton_fwd.attention_forward(q, k, v, softmax_scale=d ** -0.5,
                                                                                  causal=causal)
+            if args.gluon:
+                contenders["ours Gluon"] = lambda: gluon_fwd.gluon_attention_forward(q, k, v, softmax_scale=d ** -0.5,
+                                                                                    causal=causal)
+            if args.pairs and heads != heads_k:
+                contenders["ours Triton 2 heads"] = lambda: triton_fwd.attention_forward(
+                    q, k, v, softmax_scale=d ** -0.5, causal=causal, heads_per_program=2, config=(128, 64, 8, 3))
             flop = 4.0 * b * heads * seq * seq * d / (2 if causal else 1)
             calls = {}
             for name, fn in contenders.items():
