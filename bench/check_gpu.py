@@ -22,7 +22,9 @@ TOL = 2e-2  # bf16 operands: relative error against float64 lands between 1e-3 a
 # (name, batch, seq_q, seq_k, heads_q, heads_k, head_dim, options); varlen packs the batch
 CASES = [
     ("plain-d128", 2, 384, 384, 4, 4, 128, {}),
-    ("causal-gqa-d64", 2, 300, 300, 8, 2, 64, dict(causal=True)),
+    ("causal-gqa-d64", 2, 300, 300, 8, 2, 64, dict(causal=True)),  # two query heads a program on sm90
+    ("causal-sq<sk-gqa2-softcap-d64", 2, 200, 333, 4, 2, 64, dict(causal=True, softcap=20.0)),  # paired, softcap
+    ("causal-sq>sk-gqa-d60", 1, 333, 200, 8, 2, 60, dict(causal=True)),  # paired, a padded head dim
     ("gqa-ragged-d64", 2, 300, 700, 8, 2, 64, {}),  # the Gluon forward on three consumers on sm90 (_gluon_fwd.NON_CAUSAL)
     ("causal-gqa-d64-4k", 1, 4100, 4100, 4, 2, 64, dict(causal=True)),  # causal from 4k queries: Gluon too
     ("causal-sq<sk-d128", 1, 200, 517, 4, 4, 128, dict(causal=True)),

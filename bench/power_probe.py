@@ -1,7 +1,7 @@
 """The GPU's clock and power while one forward runs back to back: ours beside SDPA cuDNN, on
 rows of the attention table whose short timings moved between rounds (head_dim 128, 16 heads, 16k
 and 4k keys, non-causal) and on its head_dim 64 rows closest to 1.0x (16 heads, 4k keys, causal
-and not).
+and not; GQA 32/8, 2k keys, causal).
 
 Why: the head_dim 128 16k non-causal row measured 1.02x cuDNN in one round of
 ``bench/attention.py`` and 0.92x in the two after it, while the 4k row stays level. If our kernel draws more power per FLOP than cuDNN's,
@@ -39,7 +39,8 @@ import harness
 
 TOKENS = 16384  # a batch, as bench/attention.py's
 # (d, query heads, kv heads, keys, causal)
-ROWS = ((128, 16, 16, 16384, False), (128, 16, 16, 4096, False), (64, 16, 16, 4096, False), (64, 16, 16, 4096, True))
+ROWS = ((128, 16, 16, 16384, False), (128, 16, 16, 4096, False), (64, 16, 16, 4096, False), (64, 16, 16, 4096, True),
+        (64, 32, 8, 2048, True))
 QUERY = "clocks.sm,power.draw,temperature.gpu"
 # nvidia-smi's bit names for the active clock-event reasons (`nvidia-smi --help-query-gpu`)
 REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",

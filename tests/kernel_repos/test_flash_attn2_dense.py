@@ -408,6 +408,26 @@ def test_forward_tile_rule():
     assert cfg.pick_fwd(None, 64, True, 4, 2048) == cfg.pick("fwd", None, 64)
 
 
+def test_two_heads_a_program_rule():
+    """On sm90, causal (right-bounded) dense rows at head_dim 64 with an even GQA group put two
+    query heads in a 128-row program; MHA, odd groups, other head dims, unbounded rows, calls
+    with a left window, ALiBi, dropout or packed sequences, and other GPUs keep one head."""
+    import importlib
+
+    cfg = importlib.import_module(fa.__name__ + "._configs")
+    paired = (128, 64, 8, 3)
+    assert cfg.pick_fwd_paired((9, 0), 64, True, 4, True) == paired
+    assert cfg.pick_fwd_paired((9, 0), 64, True, 2, True) == paired
+    assert cfg.pick_fwd_paired((9, 0), 64, True, 1, True) is None
+    assert cfg.pick_fwd_paired((9, 0), 64, True, 3, True) is None
+    assert cfg.pick_fwd_paired((9, 0), 64, False, 4, True) is None
+    assert cfg.pick_fwd_paired((9, 0), 64, True, 4, False) is None
+    assert cfg.pick_fwd_paired((9, 0), 128, True, 4, True) is None
+    assert cfg.pick_fwd_paired((9, 0), 32, True, 4, True) is None
+    assert cfg.pick_fwd_paired((8, 0), 64, True, 4, True) is None
+    assert cfg.pick_fwd_paired(None, 64, True, 4, True) is None
+
+
 def test_launch_order_rule():
     """Causal rows at head_dim <= 64 start heaviest-first; wider heads, a left window or a grid
     past CUDA's limits keep the per-head order; unmasked rows run in order."""

@@ -35,6 +35,12 @@ _FWD_SM90: Dict[int, Config] = {  # H100/H200; chosen on an H200 (bench/NOTES.md
 # tables above.
 _FWD_SM90_RIGHT: Dict[int, Config] = {64: (64, 64, 4, 3), 128: (64, 64, 4, 3)}
 _RIGHT_MHA_MAX_KEYS = 2048  # d=128 MHA: 64-row tiles up to this many keys
+# The same rows at d=64 with an even GQA group (dense calls, no left window, ALiBi or dropout): two
+# query heads of a group in one program, 64 positions of each, 128 rows on 8 warps. The 64-row
+# diagonal stays, and each K/V block leaves L2 once for 128 rows instead of 64. Under sustained
+# load these kernels run at the GPU's 700 W cap, where that traffic sets the clock: 1.64 GHz
+# against 1.53 for the one-head tile, 3-4 % more TFLOP/s (bench/NOTES.md, Kernel tuning).
+_FWD_SM90_RIGHT_PAIRED: Dict[int, Config] = {64: (128, 64, 8, 3)}
 
 # sm80/sm8x tables are estimates (no A100 was available to measure them).
 _FWD_SM80: Dict[int, Config] = {
@@ -115,6 +121,17 @@ def pick_fwd(capability: Optional[Tuple[int, int]], block_d: int, masked_right: 
         if cfg is not None and (block_d < 128 or group > 1 or keys <= _RIGHT_MHA_MAX_KEYS):
             return cfg
     return pick("fwd", capability, block_d)
+
+
+def pick_fwd_paired(capability: Optional[Tuple[int, int]], block_d: int, masked_right: bool, group: int,
+                    plain_dense: bool) -> Optional[Config]:
+    """The tile for two query heads a program (``_FWD_SM90_RIGHT_PAIRED``) where a call takes it,
+    else None. ``plain_dense``: a dense call without a left window, ALiBi or dropout. Raises
+    nothing."""
+    if (masked_right and plain_dense and group % 2 == 0 and capability is not None
+            and capability[0] == 9):
+        return _FWD_SM90_RIGHT_PAIRED.get(block_d)
+    return None
 
 
 # Read once at import (set the variable before importing the kernel): the launch path consults

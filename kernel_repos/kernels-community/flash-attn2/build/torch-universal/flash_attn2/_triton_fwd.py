@@ -389,9 +389,10 @@ def attention_forward(
     """Run the forward kernel; see the module docstring for layouts. Returns ``(out, lse)``.
 
     ``store_lse=False`` (inference callers that drop it) skips the lse buffer: lse is None.
-    ``heads_per_program`` (benchmarks and tests; default :func:`heads_per_program`'s choice) puts
-    that many query heads of a GQA group in one program, the config's BLOCK_M rows split among
-    them; it must divide the group, and calls with ALiBi or dropout take 1.
+    ``heads_per_program`` (benchmarks and tests) puts that many query heads of a GQA group in one
+    program, the config's BLOCK_M rows split among them; it must divide the group, and calls with
+    ALiBi or dropout take 1. By default: two with the shipped tiles where
+    ``_configs.pick_fwd_paired`` says so (sm90), else one, and one with a ``config`` given.
 
     Raises ValueError for a ``heads_per_program`` the call cannot take.
 
@@ -451,6 +452,13 @@ def attention_forward(
     wide = needs_wide_offsets(rows_q * max(strides[1], strides[10]), rows_k * max(strides[4], strides[7]))
 
     heads = 1 if heads_per_program is None else int(heads_per_program)
+    shipped = None
+    if config is None:
+        shipped = _configs.pick_fwd(cap, block_d, right >= 0, hq // hk, sk_max)
+        paired = _configs.pick_fwd_paired(cap, block_d, right >= 0, hq // hk, not varlen and left < 0
+                                          and alibi_slopes is None and dropout_p == 0.0)
+        if paired is not None and heads_per_program is None:
+            shipped, heads = paired, 2
     if heads != 1 and ((hq // hk) % heads or alibi_slopes is not None or dropout_p > 0.0):
         raise ValueError(f"heads_per_program={heads}: it must divide the GQA group ({hq // hk} query heads a "
                          "K/V head), and calls with ALiBi or dropout take 1")
@@ -475,7 +483,6 @@ def attention_forward(
 
     merge = (_one_loop(right >= 0, sk_max, dropout_p > 0.0) if merge_diag is None
              else right >= 0 and bool(merge_diag))
-    shipped = None if config is not None else _configs.pick_fwd(cap, block_d, right >= 0, hq // hk, sk_max)
     shape_class = (q.dtype, causal, left >= 0, right >= 0, softcap > 0, alibi_slopes is not None)
     launch(_configs.choose("fwd", cap, block_d, shape_class, config,
                            lambda c: triton.testing.do_bench(lambda: launch(c)), shipped))
