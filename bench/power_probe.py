@@ -141,6 +141,19 @@ class Sampler:
             self._reader.join(timeout=10)
 
 
+def parse_rows(text: str) -> list[tuple]:
+    """``--rows``: ``d/hq/hk/keys/causal|full`` items, comma-separated, as ROWS' tuples. Raises
+    ValueError for an item of another shape."""
+    rows = []
+    for item in text.split(","):
+        parts = item.strip().split("/")
+        if len(parts) != 5 or parts[4] not in ("causal", "full"):
+            raise ValueError(f"--rows item {item!r}: expected head_dim/query heads/kv heads/keys/causal|full, "
+                             "e.g. 64/32/8/2048/causal")
+        rows.append(tuple(int(x) for x in parts[:4]) + (parts[4] == "causal",))
+    return rows
+
+
 def turn(fn, calls: int, chunks: int = 5) -> tuple[list, float, float]:
     """Run ``fn`` ``calls`` times in ``chunks`` equal chunks, each timed by CUDA events: (µs per
     call of each chunk, host monotonic start, end after the last chunk finished)."""
@@ -169,8 +182,7 @@ def main() -> None:
     args_parser.add_argument("--gluon", action="store_true", help="the Gluon forward called directly as well")
     args_parser.add_argument("--pairs", action="store_true", help="two query heads a Triton program (GQA rows)")
     args = args_parser.parse_args()
-    rows_wanted = ROWS if not args.rows else [
-        tuple(int(x) for x in r.split("/")[:4]) + (r.split("/")[4] == "causal",) for r in args.rows.split(",")]
+    rows_wanted = ROWS if not args.rows else parse_rows(args.rows)
     import torch
     from torch.nn.attention import SDPBackend
 

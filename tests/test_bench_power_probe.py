@@ -1,11 +1,13 @@
 """bench/power_probe.py's reading of nvidia-smi: each sample line becomes numbers (an [N/A] value
 becomes None), the reasons bitmask is named, and a turn's summary takes only the samples taken
-during that turn."""
+during that turn; --rows parses the rows to probe."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))  # bench/ is not a package
 
@@ -42,3 +44,13 @@ def test_a_turn_summary_takes_only_the_samples_inside_its_window():
                        "reasons": "sw_power_cap"}
     assert power_probe.summarise(samples, 3.0, 4.0) == {"samples": 0, "clock_mhz": None, "power_w": None,
                                                       "temp_max_c": None, "reasons": "none"}
+
+
+def test_rows_from_the_command_line():
+    """--rows names head_dim, query heads, kv heads, keys and the mask of each row; anything else
+    is refused with the expected shape."""
+    assert power_probe.parse_rows("64/32/8/2048/causal, 128/16/16/4096/full") == [
+        (64, 32, 8, 2048, True), (128, 16, 16, 4096, False)]
+    for bad in ("64/32/8/2048", "64/32/8/2048/yes", "64/x/8/2048/causal"):
+        with pytest.raises(ValueError):
+            power_probe.parse_rows(bad)
