@@ -23,7 +23,8 @@ reason seen (``sw_power_cap``: the power limit lowered the clocks).
 the package's Triton forward called directly ('ours Triton', its shipped tile), beside the
 package's own call, which may take the Gluon forward; ``--gluon`` the Gluon forward called
 directly; ``--pairs`` (GQA rows) the Triton forward with two query heads a program (128 rows, 8
-warps: ``bench/fwd_head_pairs.py``), which reads each K/V block from L2 half as often.
+warps: ``bench/fwd_head_pairs.py``), which reads each K/V block from L2 half as often;
+``--tile BM,BN,W,S`` the Triton forward with that tile and one head a program.
 """
 
 from __future__ import annotations
@@ -181,6 +182,7 @@ def main() -> None:
     args_parser.add_argument("--triton", action="store_true", help="the Triton forward called directly as well")
     args_parser.add_argument("--gluon", action="store_true", help="the Gluon forward called directly as well")
     args_parser.add_argument("--pairs", action="store_true", help="two query heads a Triton program (GQA rows)")
+    args_parser.add_argument("--tile", help="BLOCK_M,BLOCK_N,warps,stages: the Triton forward with this tile too")
     args = args_parser.parse_args()
     rows_wanted = ROWS if not args.rows else parse_rows(args.rows)
     import torch
@@ -207,6 +209,10 @@ def main() -> None:
             if args.gluon:
                 contenders["ours Gluon"] = lambda: gluon_fwd.gluon_attention_forward(q, k, v, softmax_scale=d ** -0.5,
                                                                                     causal=causal)
+            if args.tile:
+                tile = tuple(int(x) for x in args.tile.split(","))
+                contenders[f"ours Triton {args.tile}"] = lambda tile=tile: triton_fwd.attention_forward(
+                    q, k, v, softmax_scale=d ** -0.5, causal=causal, heads_per_program=1, config=tile)
             if args.pairs and heads != heads_k:
                 contenders["ours Triton 2 heads"] = lambda: triton_fwd.attention_forward(
                     q, k, v, softmax_scale=d ** -0.5, causal=causal, heads_per_program=2, config=(128, 64, 8, 3))
