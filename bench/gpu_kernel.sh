@@ -27,8 +27,8 @@
 # in random order, by runs of pages, and in memory order, beside the contiguous cache and cuDNN, back to back.
 # headpairs (not in the default list, about 120 s): bench/fwd_head_pairs.py, the Triton forward with two or four
 # query heads of a GQA group in one program beside the one-head program and cuDNN (causal, head_dim 64 and 128).
-# power (not in the default list, about 70 s): bench/power_probe.py, the SM clock and power draw while our
-# forward and cuDNN's run back to back at head_dim 128 (16k and 4k keys) and 64 (4k keys, causal and not).
+# power (not in the default list, about 150 s): bench/power_probe.py, the SM clock, power draw and TFLOP/s while
+# our forward and cuDNN's run back to back in one-second turns, on every row of the attention table.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.
@@ -70,7 +70,7 @@ want variants128 && step 180 python3 bench/gluon_fwd.py --kernels gluon,gluon_pk
     --head-dims 256 --seqs 4096,16384 --out "$RES/variants_d256" --commit "${COMMIT:-unknown}"
 want ncu && step 200 python3 bench/ncu_limits.py --out "$RES" --commit "${COMMIT:-unknown}"
 want ncusource && step 200 python3 bench/ncu_source.py --out "$RES" --commit "${COMMIT:-unknown}"
-want power && step 150 python3 bench/power_probe.py --out "$RES" --commit "${COMMIT:-unknown}"
+want power && step 260 python3 bench/power_probe.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodesplit && step 200 python3 bench/e2e_decode_split.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodehost && step 60 python3 bench/decode_host.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodepages && step 60 python3 bench/decode_pages.py --out "$RES" --commit "${COMMIT:-unknown}"

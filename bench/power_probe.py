@@ -1,13 +1,12 @@
-"""The GPU's clock and power while one forward runs back to back: ours beside SDPA cuDNN, on
-rows of the attention table whose short timings moved between rounds (head_dim 128, 16 heads, 16k
-and 4k keys, non-causal) and on its head_dim 64 rows closest to 1.0x (16 heads, 4k keys, causal
-and not; GQA 32/8, 2k keys, causal).
+"""The GPU's clock and power while one forward runs back to back in long turns: ours beside SDPA
+cuDNN on every row of the attention table (``bench/attention.py``'s twelve: head_dim 128 at 1k,
+4k and 16k keys, 256 at 4k, 64 with GQA 32/8 at 2k and with 16 heads at 4k; causal and not).
 
-Why: the head_dim 128 16k non-causal row measured 1.02x cuDNN in one round of
-``bench/attention.py`` and 0.92x in the two after it, while the 4k row stays level. If our kernel draws more power per FLOP than cuDNN's,
-a long burst of it pushes the GPU into its power cap and lower clocks, and then the ratio depends
-on how long and in which order the contenders ran; if the clocks stay alike, the slower rounds
-are the kernel's own. This measures which.
+Why: the table's short timings catch the clock wherever it is. Both kernels run the GPU at its
+power limit, where the clock it keeps depends on what the kernel draws: a long burst of a kernel
+that draws more per FLOP holds a lower clock, so a short timing can rank two kernels the other
+way round from a training step, which runs them back to back for seconds. This times each
+contender in such turns and records the clock and power it ran at.
 
 Each contender takes turns (``--rounds`` rounds, balanced order, after 2 s of matrix products):
 a turn runs the forward back to back for ``--burst`` seconds, timed by CUDA events in five equal
@@ -16,7 +15,7 @@ reasons every 50 ms. A turn's row: TFLOP/s over the turn and in its first and la
 median clock and power of the samples taken during it, the hottest sample, and every clock-event
 reason seen (``sw_power_cap``: the power limit lowered the clocks).
 
-    python bench/power_probe.py [--out DIR] [--burst S] [--rounds N]     # on a GPU
+    python bench/power_probe.py [--out DIR] [--burst S] [--rounds N]     # on a GPU, ~2.5 min
     python bench/power_probe.py --rows 64/16/16/4096/causal,64/32/8/16384/causal --triton
 
 ``--rows`` picks other rows (head_dim/query heads/kv heads/keys/causal|full); ``--triton`` adds
@@ -39,9 +38,10 @@ from typing import Optional
 import harness
 
 TOKENS = 16384  # a batch, as bench/attention.py's
-# (d, query heads, kv heads, keys, causal)
-ROWS = ((128, 16, 16, 16384, False), (128, 16, 16, 4096, False), (64, 16, 16, 4096, False), (64, 16, 16, 4096, True),
-        (64, 32, 8, 2048, True))
+# (d, query heads, kv heads, keys, causal): the attention table's rows
+ROWS = tuple((d, hq, hk, keys, causal) for d, hq, hk, keys in
+             ((128, 16, 16, 1024), (128, 16, 16, 4096), (128, 16, 16, 16384), (256, 16, 16, 4096),
+              (64, 32, 8, 2048), (64, 16, 16, 4096)) for causal in (False, True))
 QUERY = "clocks.sm,power.draw,temperature.gpu"
 # nvidia-smi's bit names for the active clock-event reasons (`nvidia-smi --help-query-gpu`)
 REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
@@ -155,6 +155,26 @@ def parse_rows(text: str) -> list[tuple]:
     return rows
 
 
+def summary(rows: list[dict], baseline: str = "cuDNN") -> list[dict]:
+    """Per probed row and contender: the median TFLOP/s, SM clock and power over its turns, and
+    the TFLOP/s ÷ ``baseline``'s median on the same row. Raises nothing."""
+    out = []
+    shapes = dict.fromkeys((r["head_dim"], r["heads"], r["seq"], r["causal"]) for r in rows)
+    for shape in shapes:
+        mine = [r for r in rows if (r["head_dim"], r["heads"], r["seq"], r["causal"]) == shape]
+        base = [r["tflops"] for r in mine if r["contender"] == baseline]
+        for name in dict.fromkeys(r["contender"] for r in mine):
+            turns = [r for r in mine if r["contender"] == name]
+            tflops = statistics.median(r["tflops"] for r in turns)
+            clocks = [r["clock_mhz"] for r in turns if r.get("clock_mhz") is not None]
+            power = [r["power_w"] for r in turns if r.get("power_w") is not None]
+            out.append(dict(zip(("head_dim", "heads", "seq", "causal"), shape), contender=name, tflops=tflops,
+                            vs_baseline=tflops / statistics.median(base) if base else None,
+                            clock_mhz=statistics.median(clocks) if clocks else None,
+                            power_w=statistics.median(power) if power else None))
+    return out
+
+
 def turn(fn, calls: int, chunks: int = 5) -> tuple[list, float, float]:
     """Run ``fn`` ``calls`` times in ``chunks`` equal chunks, each timed by CUDA events: (µs per
     call of each chunk, host monotonic start, end after the last chunk finished)."""
@@ -176,9 +196,9 @@ def turn(fn, calls: int, chunks: int = 5) -> tuple[list, float, float]:
 
 def main() -> None:
     args_parser = harness.arguments(__doc__)
-    args_parser.add_argument("--burst", type=float, default=1.5, help="seconds a turn runs (default 1.5)")
+    args_parser.add_argument("--burst", type=float, default=1.0, help="seconds a turn runs (default 1.0)")
     args_parser.add_argument("--rounds", type=int, default=4)
-    args_parser.add_argument("--rows", help="d/hq/hk/keys/causal|full, comma-separated (default: the four above)")
+    args_parser.add_argument("--rows", help="d/hq/hk/keys/causal|full, comma-separated (default: the table's)")
     args_parser.add_argument("--triton", action="store_true", help="the Triton forward called directly as well")
     args_parser.add_argument("--gluon", action="store_true", help="the Gluon forward called directly as well")
     args_parser.add_argument("--pairs", action="store_true", help="two query heads a Triton program (GQA rows)")
@@ -240,7 +260,12 @@ def main() -> None:
                      clock_mhz="SM MHz (median)", power_w="power W (median)", temp_max_c="hottest °C",
                      reasons="clock-event reasons seen", samples="samples", seconds="s"),
         out_dir=args.out, commit=args.commit,
-        notes=[f"Turns of {args.burst} s, {args.rounds} rounds in balanced order after 2 s of matrix products; "
+        notes=[harness.table(summary(rows), dict(head_dim="d", heads="heads", seq="seq", causal="causal",
+                                                 contender="contender", tflops="TFLOP/s (median)",
+                                                 vs_baseline="÷ cuDNN", clock_mhz="SM MHz (median)",
+                                                 power_w="power W (median)")),
+               "",
+               f"Turns of {args.burst} s, {args.rounds} rounds in balanced order after 2 s of matrix products; "
                "nvidia-smi sampled every 50 ms (see the script's docstring)."])
 
 

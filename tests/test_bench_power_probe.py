@@ -54,3 +54,20 @@ def test_rows_from_the_command_line():
     for bad in ("64/32/8/2048", "64/32/8/2048/yes", "64/x/8/2048/causal"):
         with pytest.raises(ValueError):
             power_probe.parse_rows(bad)
+
+
+def test_summary_takes_medians_per_row_and_divides_by_cudnn():
+    """Each probed row gets one line per contender: medians over its turns, and its TFLOP/s over
+    cuDNN's median on the same row."""
+    def turn(contender, tflops, mhz, seq=4096):
+        return dict(head_dim=64, heads="16/16", seq=seq, causal=True, contender=contender, tflops=tflops,
+                    clock_mhz=mhz, power_w=690.0)
+    rows = [turn("ours", 380, 1800), turn("cuDNN", 400, 1700), turn("ours", 390, 1820), turn("cuDNN", 390, 1710),
+            turn("ours", 385, 1810), turn("cuDNN", 395, 1720), turn("ours", 100, None, seq=1024)]
+    out = power_probe.summary(rows)
+    assert [(r["seq"], r["contender"]) for r in out] == [(4096, "ours"), (4096, "cuDNN"), (1024, "ours")]
+    ours, cudnn, alone = out
+    assert ours["tflops"] == 385 and cudnn["tflops"] == 395
+    assert ours["vs_baseline"] == pytest.approx(385 / 395) and cudnn["vs_baseline"] == 1.0
+    assert ours["clock_mhz"] == 1810 and ours["power_w"] == 690.0
+    assert alone["vs_baseline"] is None and alone["clock_mhz"] is None
