@@ -352,6 +352,25 @@ def test_heads_sharing_a_program_in_packed_sequences_and_strided_views():
         start += n
 
 
+def test_heads_sharing_a_program_with_seqused_k():
+    """seqused_k (per-row key counts, as the KV-cache path passes them) bounds each row's keys and
+    aligns its causal mask when two heads share a program."""
+    import importlib
+
+    fwd = importlib.import_module(fa.__name__ + "._triton_fwd")
+    q = torch.randn(2, 20, 4, 32, dtype=torch.float16)
+    k, v = (torch.randn(2, 30, 2, 32, dtype=torch.float16) for _ in range(2))
+    used = torch.tensor([17, 30], dtype=torch.int32)
+    with poisoned_allocations():
+        out, lse = fwd.attention_forward(q, k, v, seqused_k=used, softmax_scale=0.2, causal=True,
+                                         heads_per_program=2, config=(32, 16, 4, 1))
+    for b, n in enumerate(used.tolist()):
+        ref_out, ref_lse = reference(q[b:b + 1].double(), k[b:b + 1, :n].double(), v[b:b + 1, :n].double(),
+                                     causal=True, softmax_scale=0.2)
+        assert rel_err(out[b:b + 1], ref_out) < TOL[torch.float16]
+        assert lse_err(lse[b:b + 1], ref_lse) < LSE_TOL[torch.float16]
+
+
 @pytest.mark.parametrize("call, message", [
     (dict(heads_per_program=3), "must divide the GQA group"),
     (dict(heads_per_program=2, dropout_p=0.1), "ALiBi or dropout"),
