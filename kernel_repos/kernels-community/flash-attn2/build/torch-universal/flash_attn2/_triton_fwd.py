@@ -156,7 +156,7 @@ def _fwd_kernel(
     WIDE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEADS: tl.constexpr,
 ):
-    # HEADS query heads of one GQA group share a program (see HEADS_PER_PROGRAM): the tile's
+    # HEADS query heads of one GQA group share a program (``_configs.pick_fwd_paired``): the tile's
     # BLOCK_M rows are HEADS runs of POS query positions, head by head, all reading the same K/V
     # block, so each K/V load serves BLOCK_M rows while the causal diagonal stays POS rows tall.
     POS: tl.constexpr = BLOCK_M // HEADS
@@ -172,7 +172,7 @@ def _fwd_kernel(
     else:
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
-    if HEADS == 1:
+    if HEADS == 1:  # the one-head form written out, so its PTX stays the measured kernel's
         b = pid_bh // n_heads_q
         h = pid_bh % n_heads_q
     else:
@@ -452,13 +452,15 @@ def attention_forward(
     wide = needs_wide_offsets(rows_q * max(strides[1], strides[10]), rows_k * max(strides[4], strides[7]))
 
     heads = 1 if heads_per_program is None else int(heads_per_program)
-    shipped = None
+    shipped = paired = None
     if config is None:
-        shipped = _configs.pick_fwd(cap, block_d, right >= 0, hq // hk, sk_max)
-        paired = _configs.pick_fwd_paired(cap, block_d, right >= 0, hq // hk, not varlen and left < 0
-                                          and alibi_slopes is None and dropout_p == 0.0)
-        if paired is not None and heads_per_program is None:
+        if heads_per_program is None:
+            paired = _configs.pick_fwd_paired(cap, block_d, right >= 0, hq // hk, not varlen and left < 0
+                                              and alibi_slopes is None and dropout_p == 0.0)
+        if paired is not None:
             shipped, heads = paired, 2
+        else:
+            shipped = _configs.pick_fwd(cap, block_d, right >= 0, hq // hk, sk_max)
     if heads != 1 and ((hq // hk) % heads or alibi_slopes is not None or dropout_p > 0.0):
         raise ValueError(f"heads_per_program={heads}: it must divide the GQA group ({hq // hk} query heads a "
                          "K/V head), and calls with ALiBi or dropout take 1")
@@ -472,7 +474,8 @@ def attention_forward(
         bm_, bn_, w_, s_ = cfg
         if bm_ % heads:
             raise ValueError(f"heads_per_program={heads} does not divide the tile's {bm_} rows")
-        blocks = (sq_max + bm_ // heads - 1) // (bm_ // heads)
+        positions = bm_ // heads  # query positions a program covers
+        blocks = (sq_max + positions - 1) // positions
         order = (_row_order(right >= 0, left >= 0, block_d, blocks, programs_bh, chunk) if row_order is None
                  else _ORDERS[row_order])
         grid = (chunk, blocks, programs_bh // chunk) if order == _HEAVY_FIRST else (blocks, programs_bh, 1)
