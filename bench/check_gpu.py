@@ -288,6 +288,46 @@ def check_packed_walk(fa) -> list:
     return rows
 
 
+def check_scheduled_walk(fa) -> list:
+    """Rows: the dense Gluon forward walking the host's table (``_schedule``, ``schedule=True``)
+    against the formula's deal (``schedule=False``): output and lse equal element by element (each
+    tile's arithmetic is the same). Causal with the shortest tiles dealt last, sq < sk and sq > sk,
+    three consumers' 192-row tiles non-causal, fewer tiles than SMs; each row names the deal its
+    table holds ("list": the model's, "formula": the formula's written out). Raises what the
+    kernel raises."""
+    import importlib
+
+    import torch
+
+    gf = importlib.import_module(fa.__name__ + "._gluon_fwd")
+    sched = importlib.import_module(fa.__name__ + "._schedule")
+    rows = []
+    torch.manual_seed(6)
+    for d, b, sq, sk, h, causal in ((128, 4, 4096, 4096, 16, True), (64, 4, 4096, 4096, 16, True),
+                                    (64, 4, 4096, 4096, 16, False), (256, 2, 1000, 1700, 8, True),
+                                    (128, 3, 1500, 700, 8, True), (128, 1, 900, 900, 3, True)):
+        q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        sched._TABLES.clear()
+        run = lambda schedule: gf.gluon_attention_forward(  # noqa: E731
+            q, k, v, softmax_scale=d ** -0.5, causal=causal, schedule=schedule)
+        kinds = []
+        deal = sched.deal
+        sched.deal = lambda *shape: kinds.append(deal(*shape)) or kinds[-1]
+        try:
+            dealt, dealt_lse = run(True)
+        finally:
+            sched.deal = deal
+        formula, formula_lse = run(False)
+        diff = max(float((dealt.float() - formula.float()).abs().max()),
+                   float((dealt_lse - formula_lse).abs().max()))
+        rows.append(dict(case=f"scheduled-walk-d{d}{'-causal' if causal else ''}-{b}x{sq}/{sk}x{h}-"
+                              f"{kinds[0][0] if kinds else 'no table'}",
+                         max_abs_diff_vs_eager=diff,
+                         passed=torch.equal(dealt, formula) and torch.equal(dealt_lse, formula_lse)))
+    return rows
+
+
 def main() -> None:
     parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--quick", action="store_true", help="the cases marked QUICK only (each case compiles)")
@@ -306,8 +346,13 @@ def main() -> None:
         rows += check_packed_walk(kernels["ours"])
     except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
         rows.append(dict(case="packed-walk", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
+    try:
+        rows += check_scheduled_walk(kernels["ours"])
+    except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
+        rows.append(dict(case="scheduled-walk", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
     columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2 (compiled: equal)",
-                   max_abs_diff_vs_eager="compiled: max |compiled - eager|; packed walk: max |walk - per tile|",
+                   max_abs_diff_vs_eager=("compiled: max |compiled - eager|; packed walk: max |walk - per tile|; "
+                                          "scheduled walk: max |table - formula|"),
                    kept_launches="heads-first decode: plans whose launch was kept",
                    error="error")
     if args.baseline:

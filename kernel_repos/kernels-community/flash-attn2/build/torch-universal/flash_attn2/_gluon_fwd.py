@@ -80,6 +80,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from . import _schedule
 from ._launch import Launcher
 from ._triton_fwd import fresh_like
 
@@ -120,6 +121,11 @@ PERSISTENT = True
 # the per-tile call on 8 packed sequences of 128-4096 tokens (bench/results/varlen.md, the
 # 'walk' column; same bits), so packed calls keep one program per tile
 PERSISTENT_VARLEN = False
+# dense persistent calls: each program walks the run of tiles _schedule deals it on the host (list
+# scheduling in a model of the GPU's own dispatch, causal calls' shortest tiles dealt last, where
+# that model finds a shorter deal than the formula's pairs in turn; else the formula's deal, from
+# the table too); False: the formula in the kernel, no table
+SCHEDULE = True
 # (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
 # warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
 # default partition (the first consumer) gets what maxnreg leaves, 240
@@ -414,6 +420,14 @@ def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, tiles, 
         m = pair % n_m
         b = pair // n_m
         h = t % heads
+    elif PERSISTENT and tiles is not None:
+        # dense tiles dealt on the host (_schedule.table): this program's run of the table
+        pid = gl.program_id(0)
+        e = gl.load(tiles + gl.num_programs(0) + 1 + gl.load(tiles + pid) + i)
+        bh = e // n_m
+        m = e % n_m
+        b = bh // heads
+        h = bh % heads
     elif PERSISTENT:
         # programs take pairs of tiles in turn; within a (batch, head) the tiles go in zig-zag
         # order of their row blocks (0, n-1, 1, n-2, ...), so a causal pair is a short and a long
@@ -763,6 +777,10 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
         n_live = gl.load(tiles) * heads
         rounds = n_live // nprog
         my_n = rounds + (_snake(rounds, pid, nprog) < n_live % nprog).to(gl.int32)
+    elif PERSISTENT and tiles is not None:
+        # the length of this program's run in the host's table (_schedule.table)
+        pid = gl.program_id(0)
+        my_n = gl.load(tiles + pid + 1) - gl.load(tiles + pid)
     elif PERSISTENT:
         # the tiles of pairs pid, pid + P, pid + 2P, ... (P programs); the last pair may hold one
         pid = gl.program_id(0)
@@ -1006,6 +1024,7 @@ def gluon_attention_forward(
     unroll2: Optional[bool] = None,
     deferred_store: Optional[bool] = None,
     pack_p: Optional[bool] = None,
+    schedule: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -1017,7 +1036,8 @@ def gluon_attention_forward(
     ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
     names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`
     and ``unroll2`` / ``deferred_store`` / ``pack_p`` :data:`UNROLL2` / :data:`DEFERRED_STORE` /
-    :data:`PACK_P`.
+    :data:`PACK_P`, and ``schedule`` (a dense persistent call's tiles read from ``_schedule``'s
+    table; False: dealt by the formula in the kernel) :data:`SCHEDULE`.
     Raises what Triton raises on compile errors.
     """
     varlen = cu_seqlens_q is not None
@@ -1058,7 +1078,15 @@ def gluon_attention_forward(
         grid = (min(n_m * batch * heads, _sm_count(q.device)), 1)
     elif persistent:
         n_tiles = n_m * batch * heads
-        grid = (min((n_tiles + 1) // 2, _sm_count(q.device)), 1)
+        dealt = None
+        if SCHEDULE if schedule is None else schedule:
+            dealt = _schedule.device_table(q.device, batch * heads, n_m, tile_m, block_n, seqlen_q, seqlen_k,
+                                           bool(causal), _sm_count(q.device))
+        if dealt is not None:
+            tiles, programs = dealt
+            grid = (programs, 1)
+        else:
+            grid = (min((n_tiles + 1) // 2, _sm_count(q.device)), 1)
     else:
         n_tiles = 0
         grid = (n_m, batch * heads)
@@ -1091,4 +1119,4 @@ def gluon_attention_forward(
 # strides, a per-tile packed call's None where a persistent one's holds its tile list, and the
 # register split (maxnreg) differs with the number of consumers
 _LAUNCHERS = {(varlen, n, listed): Launcher(_gluon_attn_fwd, maxnreg=(REGS if n == 2 else REGS_3)[2])
-              for varlen in (False, True) for n in (2, 3) for listed in ((False, True) if varlen else (False,))}
+              for varlen in (False, True) for n in (2, 3) for listed in (False, True)}

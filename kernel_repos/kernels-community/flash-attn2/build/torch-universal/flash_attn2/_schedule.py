@@ -1,0 +1,154 @@
+"""Which tiles each program of the persistent dense forward walks, worked out on the host.
+
+Why: the persistent forward launches one program per SM, and each walks a fixed list of
+(batch·head, row block) tiles. Dealt by a formula (pairs of tiles in turn, ``_gluon_fwd._tile``)
+the last round is partial: at 16k tokens per batch the table shapes have 2048 tiles of 128 rows,
+1024 pairs over 132 SMs, so 100 programs walk 8 pairs and 32 walk 7 (a makespan of 8 pairs
+against 7.76 of work, 3 % lost); 192-row tiles at 4k tokens (head_dim 64, non-causal) leave 44
+programs with a sixth pair while 88 stop after five (11 % lost). The GPU's own block dispatch
+(one program a tile) hands the next tile to whichever SM frees first, which the persistent walk
+gave up for its carried-over loads.
+
+What this does instead: list scheduling in a model of that dispatch. Tiles go in an order that
+keeps the programs running at one time on a few neighbouring heads (their K/V stays in L2: a
+head's row blocks one after another, causal ones zig-zag short/long as the formula has them),
+each to the program whose modelled work ends first; a tile costs its key blocks plus one for its
+prologue and epilogue. Causal tiles differ in length, and a list that ends on long tiles leaves
+a ragged end, so the shortest tiles of every head (a few key blocks each, little to keep in L2)
+are held back and dealt last, longest first; how many is chosen by running the model on a few
+cut-offs. Non-causal tiles all cost the same, and the deal is round-robin over single tiles.
+
+The result is one int32 table per shape, ``[P + 1 + tiles]``: entries 0..P the offsets of each
+program's run (CSR), then the tiles as ``bh * n_m + m``; the kernel reads its own run
+(``_gluon_fwd._tile``). Each tile is computed exactly as before, so the output is the same bits.
+Where the model finds nothing shorter than the formula's deal (equal tiles that fill the last
+round), the table holds the formula's deal: every dense call walks a table, so one compiled
+kernel serves them all.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+# Beyond this many tiles a program (rounds), the formula's ragged last round costs at most ~1/64
+# of the call and the model's run on the host (a few ms per thousand tiles, once per shape) is
+# not worth it: such calls take the formula's deal, written as a table
+MAX_ROUNDS = 32
+# cut-offs tried for the held-back tiles, as fractions of the longest tile's key blocks
+_HOLD_BACK = (0.0, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 5 / 16)
+_TABLES: dict = {}
+_TABLES_MAX = 256  # shapes kept per process (a table is a few KB on the GPU)
+
+
+def key_blocks(m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """Key blocks row block ``m`` reads (``_gluon_fwd._key_blocks``; at least one). Raises nothing."""
+    hi = min(seqlen_k, (m + 1) * tile_m + seqlen_k - seqlen_q) if causal else seqlen_k
+    return max(-(-hi // block_n), 1)
+
+
+def _base_order(n_m: int, causal: bool) -> List[int]:
+    # a head's row blocks in the formula's order: zig-zag (0, n-1, 1, n-2, ...) when causal
+    if not causal:
+        return list(range(n_m))
+    return [r // 2 if r % 2 == 0 else n_m - 1 - r // 2 for r in range(n_m)]
+
+
+def _deal(tiles: Sequence[Tuple[int, int]], costs: Sequence[int], nprog: int) -> Tuple[int, List[List[int]]]:
+    """List scheduling of ``tiles`` (``(bh, m)`` in order) over ``nprog`` programs: each to the one
+    whose modelled work ends first (ties: the lower program). Returns (makespan, runs)."""
+    ends = [(0, p) for p in range(nprog)]
+    runs: List[List[int]] = [[] for _ in range(nprog)]
+    for bh, m in tiles:
+        end, p = ends[0]
+        heapq.heapreplace(ends, (end + costs[m] + 1, p))
+        runs[p].append((bh, m))
+    return max(end for end, _ in ends), runs
+
+
+def assignment(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
+               nprog: int) -> Tuple[int, List[List[Tuple[int, int]]]]:
+    """Each program's tiles, ``(bh, m)`` in walking order, and the modelled makespan (key blocks
+    plus one a tile). Raises ValueError for an empty shape or no programs."""
+    if n_bh <= 0 or n_m <= 0 or nprog <= 0:
+        raise ValueError(f"no tiles to deal: {n_bh} heads x {n_m} row blocks over {nprog} programs")
+    costs = [key_blocks(m, tile_m, block_n, seqlen_q, seqlen_k, causal) for m in range(n_m)]
+    order = _base_order(n_m, causal)
+    best = None
+    for share in (_HOLD_BACK if causal else (0.0,)):
+        cut = int(share * max(costs))
+        main = [(bh, m) for bh in range(n_bh) for m in order if costs[m] > cut]
+        # the held-back short tiles, longest first, the heads in order within one length
+        held = sorted(((bh, m) for bh in range(n_bh) for m in order if costs[m] <= cut),
+                      key=lambda t: -costs[t[1]])
+        span, runs = _deal(main + held, costs, nprog)
+        if best is None or span < best[0]:
+            best = (span, runs)
+    return best
+
+
+def formula_runs(n_bh: int, n_m: int, causal: bool, nprog: int) -> List[List[Tuple[int, int]]]:
+    """Each program's tiles as the formula deals them (``_gluon_fwd._tile`` without a table):
+    pairs of tiles of the zig-zag order, pair u to program u mod P. Raises nothing."""
+    order = _base_order(n_m, causal)
+    runs: List[List[Tuple[int, int]]] = [[] for _ in range(nprog)]
+    for t in range(n_bh * n_m):
+        runs[(t // 2) % nprog].append((t // n_m, order[t % n_m]))
+    return runs
+
+
+def deal(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
+         nprog: int) -> Tuple[str, int, List[List[Tuple[int, int]]]]:
+    """The deal a call takes: ``("list", makespan, runs)`` where :func:`assignment` models shorter
+    than the formula, else ``("formula", makespan, runs)``; beyond :data:`MAX_ROUNDS` tiles a
+    program the formula's without modelling (makespan 0). Every run holds a tile: the formula's
+    deal is over min(pairs, ``nprog``) programs, as its launch is. Raises ValueError as
+    :func:`assignment`."""
+    pairs = min((n_bh * n_m + 1) // 2, nprog)
+    if n_bh * n_m > MAX_ROUNDS * nprog:
+        return "formula", 0, formula_runs(n_bh, n_m, causal, pairs)
+    span, runs = assignment(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, min(n_bh * n_m, nprog))
+    formula = formula_runs(n_bh, n_m, causal, pairs)
+    costs = [key_blocks(m, tile_m, block_n, seqlen_q, seqlen_k, causal) + 1 for m in range(n_m)]
+    formula_span = max(sum(costs[m] for _, m in run) for run in formula)
+    return ("list", span, runs) if span < formula_span else ("formula", formula_span, formula)
+
+
+def table(runs: Sequence[Sequence[Tuple[int, int]]], n_m: int) -> List[int]:
+    """The int32 table of ``runs`` (see the module docstring). Raises nothing."""
+    offsets, entries = [0], []
+    for run in runs:
+        entries.extend(bh * n_m + m for bh, m in run)
+        offsets.append(len(entries))
+    return offsets + entries
+
+
+def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int,
+                 seqlen_k: int, causal: bool, nprog: int) -> Optional[Tuple[torch.Tensor, int]]:
+    """The table of :func:`deal` on ``device`` and the programs to launch (its runs, at most
+    ``nprog``: one per SM), built once per shape and kept. Every dense
+    persistent call walks a table, so one compiled kernel serves every shape (a compile cache
+    prepared on other shapes still holds it). None only while a CUDA graph is being captured and
+    this shape has no table yet (the call then keeps the formula, a kernel of its own). Raises
+    nothing."""
+    key = (device, n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
+    found = _TABLES.get(key)
+    if found is not None:
+        return found
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    if len(_TABLES) >= _TABLES_MAX:
+        _TABLES.clear()
+    _, _, runs = deal(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
+    host = torch.tensor(table(runs, n_m), dtype=torch.int32)
+    if device.type == "cuda":
+        # from pinned memory without blocking: a plain copy would wait for every kernel queued
+        # before it, once per new shape (the caching host allocator keeps the buffer alive until
+        # the copy has run)
+        found = host.pin_memory().to(device, non_blocking=True), len(runs)
+    else:
+        found = host.to(device), len(runs)
+    _TABLES[key] = found
+    return found

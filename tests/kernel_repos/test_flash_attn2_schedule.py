@@ -1,0 +1,183 @@
+"""How the persistent dense forward deals its tiles to programs (``_schedule``): every tile once,
+each program's run read back by the kernel's own arithmetic, a modelled makespan no longer than the
+formula's, and the causal shortest tiles dealt last. The GPU check (``bench/check_gpu.py``) runs
+the table on the GPU against the formula's deal, bit for bit; ``bench/fwd_schedule.py`` times it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import pytest
+import torch
+
+from flash_ref import GLUON_FWD_SM90_CHILD, load_flash_attn2, run_compiling_child
+
+fa = load_flash_attn2()
+sched = importlib.import_module(fa.__name__ + "._schedule")
+
+# (heads x batch, row blocks, tile rows, key block, seqlen_q, seqlen_k, causal): the attention
+# table's shapes at 16k tokens a batch, and ragged ones
+SHAPES = [
+    (256, 8, 128, 64, 1024, 1024, True),
+    (64, 32, 128, 128, 4096, 4096, True),
+    (16, 128, 128, 128, 16384, 16384, True),
+    (64, 22, 192, 128, 4096, 4096, False),
+    (16, 86, 192, 128, 16384, 16384, False),
+    (6, 5, 128, 128, 600, 900, True),    # sq < sk: every row sees the 300 extra keys
+    (6, 8, 128, 128, 1000, 400, True),   # sq > sk: the first row blocks see no key at all
+    (3, 7, 128, 64, 800, 800, False),
+]
+
+
+def _table(shape, nprog):
+    kind, span, runs = sched.deal(*shape, nprog)
+    return sched.table(runs, shape[1]), len(runs)
+
+
+def _walks(table: list, nprog: int, n_m: int) -> list:
+    """Each program's (bh, m) tiles, read as the kernel reads them (_gluon_fwd's my_n and _tile)."""
+    walks = []
+    for pid in range(nprog):
+        my_n = table[pid + 1] - table[pid]
+        entries = [table[nprog + 1 + table[pid] + i] for i in range(my_n)]
+        walks.append([(e // n_m, e % n_m) for e in entries])
+    return walks
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("nprog", [1, 7, 132])
+def test_every_tile_is_walked_once(shape, nprog):
+    n_bh, n_m = shape[:2]
+    table, nprog = _table(shape, nprog)
+    assert len(table) == nprog + 1 + n_bh * n_m
+    assert table[0] == 0 and table[:nprog + 1] == sorted(table[:nprog + 1])
+    walks = _walks(table, nprog, n_m)
+    assert sorted(t for w in walks for t in w) == [(bh, m) for bh in range(n_bh) for m in range(n_m)]
+    assert all(walks), "every program launched has a tile"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_the_deal_is_never_modelled_longer_than_the_formula(shape):
+    n_bh, n_m, tile_m, block_n, sq, sk, causal = shape
+    kind, span, runs = sched.deal(*shape, 132)
+    cost = lambda m: sched.key_blocks(m, tile_m, block_n, sq, sk, causal) + 1  # noqa: E731
+    makespan = lambda runs: max(sum(cost(m) for _, m in run) for run in runs)  # noqa: E731
+    # the makespan is what the runs add up to, never above the formula's
+    assert span == makespan(runs)
+    assert span <= makespan(sched.formula_runs(n_bh, n_m, causal, min((n_bh * n_m + 1) // 2, 132)))
+    # and within one tile of perfect balance
+    work = n_bh * sum(cost(m) for m in range(n_m))
+    assert span <= work / 132 + max(cost(m) for m in range(n_m))
+
+
+def test_causal_table_shapes_gain_what_the_formula_loses_to_its_ragged_last_round():
+    # 2048 tiles: 1024 pairs over 132 programs leave 100 with 8 pairs and 32 with 7, 3 % of the
+    # call; the table deals the shortest tiles last and ends within 0.5 % of balance
+    for shape in SHAPES[:3]:
+        n_bh, n_m, tile_m, block_n, sq, sk, causal = shape
+        work = n_bh * sum(sched.key_blocks(m, tile_m, block_n, sq, sk, causal) + 1 for m in range(n_m))
+        formula = max(sum(sched.key_blocks(m, tile_m, block_n, sq, sk, causal) + 1 for _, m in run)
+                      for run in sched.formula_runs(n_bh, n_m, causal, 132))
+        kind, span, _ = sched.deal(*shape, 132)
+        assert kind == "list" and formula / (work / 132) > 1.03
+        assert span / (work / 132) < 1.005 if n_m >= 32 else span / (work / 132) < 1.015
+
+
+def test_non_causal_tiles_go_round_robin_one_at_a_time():
+    # equal tiles: program p walks p, p + P, ... of the heads' row blocks in order; 1408 tiles
+    # take 11 rounds of single tiles against 6 pairs (12 tiles) by the formula
+    shape = (64, 22, 192, 128, 4096, 4096, False)
+    walks = _walks(*_table(shape, 132), 22)
+    assert max(map(len, walks)) == 11 and min(map(len, walks)) == 10
+    assert walks[5][:3] == [divmod(5, 22), divmod(137, 22), divmod(269, 22)]
+
+
+def test_causal_calls_hold_the_shortest_tiles_back_to_the_end():
+    shape = (64, 32, 128, 128, 4096, 4096, True)
+    walks = _walks(*_table(shape, 132), 32)
+    last = [w[-1][1] for w in walks]
+    firsts = [w[0][1] for w in walks]
+    # the last tile of every program is one of the shortest few row blocks; the first are the
+    # first heads' tiles, zig-zag as the formula has them
+    assert max(last) < 32 // 4
+    assert {bh for w in walks for bh, _ in w[:1]} <= set(range(8))
+    assert 31 in firsts and 0 not in firsts
+
+
+def test_every_shape_gets_a_table_the_formula_deal_where_the_model_finds_nothing_shorter(monkeypatch):
+    # one compiled kernel (the table walk) serves every dense shape, so a compile cache prepared on
+    # other shapes still holds it
+    monkeypatch.setattr(sched, "_TABLES", {})
+    cpu = torch.device("cpu")
+    shape = (64, 32, 128, 128, 4096, 4096, True)
+    first, programs = sched.device_table(cpu, *shape, 132)
+    assert first.dtype == torch.int32 and programs == 132 and first.tolist() == _table(shape, 132)[0]
+    assert sched.device_table(cpu, *shape, 132)[0] is first  # built once
+    # 2048 equal tiles: 1024 pairs fill the rounds as well as single tiles, the formula's deal
+    # over its 132 programs
+    equal = (256, 8, 128, 128, 1024, 1024, False)
+    assert sched.deal(*equal, 132)[0] == "formula"
+    table, programs = sched.device_table(cpu, *equal, 132)
+    assert programs == 132 and _walks(table.tolist(), 132, 8) == sched.formula_runs(256, 8, False, 132)
+    # three tiles: two programs by the formula (a pair and one), three single tiles by the list
+    assert sched.deal(1, 3, 128, 128, 384, 384, False, 132)[0] == "list"
+    assert sched.device_table(cpu, 1, 3, 128, 128, 384, 384, False, 132)[1] == 3
+    # beyond MAX_ROUNDS tiles a program the formula's deal, not modelled
+    many = (sched.MAX_ROUNDS * 132 // 32 + 1, 32, 128, 128, 4096, 4096, True)
+    assert sched.deal(*many, 132)[:2] == ("formula", 0)
+    with pytest.raises(ValueError, match="no tiles"):
+        sched.assignment(0, 32, 128, 128, 4096, 4096, True, 132)
+
+
+def test_the_formula_runs_are_the_kernels_formula():
+    # _gluon_fwd's my_n and _tile without a table: pairs u = pid + j P, tiles 2u and 2u + 1
+    n_bh, n_m, nprog = 5, 7, 4
+    order = [0, 6, 1, 5, 2, 4, 3]
+    runs = sched.formula_runs(n_bh, n_m, True, nprog)
+    n_tiles = n_bh * n_m
+    for pid in range(nprog):
+        my_pairs = ((n_tiles + 1) // 2 - pid + nprog - 1) // nprog
+        my_n = 2 * my_pairs - int(2 * (pid + (my_pairs - 1) * nprog) + 1 >= n_tiles)
+        ts = [2 * (pid + (i // 2) * nprog) + i % 2 for i in range(my_n)]
+        assert runs[pid] == [(t // n_m, order[t % n_m]) for t in ts]
+
+
+def test_the_forward_passes_the_table_and_its_program_count(monkeypatch):
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    gf = importlib.import_module(fa.__name__ + "._gluon_fwd")
+    launched = []
+    monkeypatch.setattr(gf, "_LAUNCHERS", {key: (lambda grid, args, constexprs, warps, stages, key=key:
+                                                 launched.append((key, grid, args)))
+                                           for key in gf._LAUNCHERS})
+    monkeypatch.setattr(gf, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(sched, "_TABLES", {})
+    names = list(gf._gluon_attn_fwd.arg_names)
+    # (batch, tokens, heads, head_dim, causal), the dealt shape (tile rows: 192 for head_dim 64
+    # non-causal's three consumers; 64-key blocks for head_dim 128 causal up to 1k) and the programs
+    for b, s, h, d, causal, shape, programs in (
+            (4, 4096, 16, 64, True, (64, 32, 128, 128, 4096, 4096, True), 132),
+            (4, 4096, 16, 64, False, (64, 22, 192, 128, 4096, 4096, False), 132),
+            (16, 1024, 16, 128, False, (256, 8, 128, 128, 1024, 1024, False), 132),
+            (1, 300, 1, 128, True, (1, 3, 128, 64, 300, 300, True), 3)):
+        q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16) for _ in range(3))
+        launched.clear()
+        gf.gluon_attention_forward(q, k, v, softmax_scale=0.125, causal=causal)
+        (key, grid, args), = launched
+        assert key[2] is True and grid == (programs, 1, 1)
+        assert args[names.index("tiles")].tolist() == _table(shape, 132)[0]
+    launched.clear()
+    gf.gluon_attention_forward(q, k, v, softmax_scale=0.125, causal=True, schedule=False)
+    (key, grid, args), = launched
+    assert key[2] is False and grid == (2, 1, 1) and args[names.index("tiles")] is None
+
+
+def test_the_scheduled_walk_compiles_for_sm90(tmp_path):
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    done = run_compiling_child(GLUON_FWD_SM90_CHILD, (128, 1, 0, 2, *["shipped"] * 9, "scheduled"), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptx = done.stdout
+    assert "%nctaid.x" in ptx  # the table's runs start after the programs' offsets
+    assert re.search(r"ld\.global(\.\w+)*\.b32", ptx)  # the run's offsets and entries read from the table
+    assert ".local" not in ptx
