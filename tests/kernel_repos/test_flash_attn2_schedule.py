@@ -51,7 +51,7 @@ def _walks(table: list, nprog: int, n_m: int) -> list:
 def test_every_tile_is_walked_once(shape, nprog):
     n_bh, n_m = shape[:2]
     table, nprog = _table(shape, nprog)
-    assert len(table) == nprog + 1 + n_bh * n_m
+    assert len(table) == nprog + 1 + n_bh * n_m + 1  # one padding entry: the last program reads a tile ahead
     assert table[0] == 0 and table[:nprog + 1] == sorted(table[:nprog + 1])
     walks = _walks(table, nprog, n_m)
     assert sorted(t for w in walks for t in w) == [(bh, m) for bh in range(n_bh) for m in range(n_m)]
@@ -62,7 +62,7 @@ def test_every_tile_is_walked_once(shape, nprog):
 def test_the_deal_is_never_modelled_longer_than_the_formula(shape):
     n_bh, n_m, tile_m, block_n, sq, sk, causal = shape
     kind, span, runs = sched.deal(*shape, 132)
-    cost = lambda m: sched.key_blocks(m, tile_m, block_n, sq, sk, causal) + 1  # noqa: E731
+    cost = lambda m: sched.tile_cost(m, tile_m, block_n, sq, sk, causal)  # noqa: E731
     makespan = lambda runs: max(sum(cost(m) for _, m in run) for run in runs)  # noqa: E731
     # the makespan is what the runs add up to, never above the formula's
     assert span == makespan(runs)
@@ -75,14 +75,18 @@ def test_the_deal_is_never_modelled_longer_than_the_formula(shape):
 def test_causal_table_shapes_gain_what_the_formula_loses_to_its_ragged_last_round():
     # 2048 tiles: 1024 pairs over 132 programs leave 100 with 8 pairs and 32 with 7, 3 % of the
     # call; the table deals the shortest tiles last and ends within 0.5 % of balance
-    for shape in SHAPES[:3]:
+    for shape in SHAPES[1:3]:
         n_bh, n_m, tile_m, block_n, sq, sk, causal = shape
-        work = n_bh * sum(sched.key_blocks(m, tile_m, block_n, sq, sk, causal) + 1 for m in range(n_m))
-        formula = max(sum(sched.key_blocks(m, tile_m, block_n, sq, sk, causal) + 1 for _, m in run)
+        work = n_bh * sum(sched.tile_cost(m, tile_m, block_n, sq, sk, causal) for m in range(n_m))
+        formula = max(sum(sched.tile_cost(m, tile_m, block_n, sq, sk, causal) for _, m in run)
                       for run in sched.formula_runs(n_bh, n_m, causal, 132))
         kind, span, _ = sched.deal(*shape, 132)
         assert kind == "list" and formula / (work / 132) > 1.03
-        assert span / (work / 132) < 1.005 if n_m >= 32 else span / (work / 132) < 1.015
+        assert span / (work / 132) < 1.005
+    # 1k causal tokens at head_dim 128: the model's deal is under LIST_MIN_GAIN shorter (and measured
+    # slower), so the formula's deal stays
+    kind, span, _ = sched.deal(*SHAPES[0], 132)
+    assert kind == "formula"
 
 
 def test_non_causal_tiles_go_round_robin_one_at_a_time():
@@ -99,9 +103,10 @@ def test_causal_calls_hold_the_shortest_tiles_back_to_the_end():
     walks = _walks(*_table(shape, 132), 32)
     last = [w[-1][1] for w in walks]
     firsts = [w[0][1] for w in walks]
-    # the last tile of every program is one of the shortest few row blocks; the first are the
-    # first heads' tiles, zig-zag as the formula has them
-    assert max(last) < 32 // 4
+    # nearly every program ends on one of the shortest few row blocks (the few that do not were
+    # busy with a long one until the end); the first are the first heads' tiles, zig-zag as the
+    # formula has them
+    assert sum(m < 32 // 8 for m in last) >= 0.95 * len(last)
     assert {bh for w in walks for bh, _ in w[:1]} <= set(range(8))
     assert 31 in firsts and 0 not in firsts
 

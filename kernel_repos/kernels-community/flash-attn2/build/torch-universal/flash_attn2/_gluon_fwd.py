@@ -408,9 +408,16 @@ def _snake(i, pid, nprog):
 
 
 @gluon.jit
-def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, tiles, CAUSAL: gl.constexpr,
+def _run(tiles):
+    """Where this program's run of the host's table (``_schedule.table``) starts."""
+    return gl.num_programs(0) + 1 + gl.load(tiles + gl.program_id(0))
+
+
+@gluon.jit
+def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, tiles, e, CAUSAL: gl.constexpr,
           VARLEN: gl.constexpr, PERSISTENT: gl.constexpr, TILE_M: gl.constexpr):
-    """The program's i-th tile: (off_m, batch coordinate, head, q_row0, k_row0, seqlen_q, seqlen_k)."""
+    """The program's i-th tile: (off_m, batch coordinate, head, q_row0, k_row0, seqlen_q, seqlen_k);
+    ``e``: its entry of the host's table (a dense call with one, :func:`_run`), else unused."""
     if PERSISTENT and VARLEN:
         # packed sequences: the live (sequence, row block) pairs, sorted longest first on the GPU
         # (packed_tiles), each pair's heads one after another, dealt out in a snake
@@ -421,9 +428,7 @@ def _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k, tiles, 
         b = pair // n_m
         h = t % heads
     elif PERSISTENT and tiles is not None:
-        # dense tiles dealt on the host (_schedule.table): this program's run of the table
-        pid = gl.program_id(0)
-        e = gl.load(tiles + gl.num_programs(0) + 1 + gl.load(tiles + pid) + i)
+        # dense tiles dealt on the host (_schedule.table): the entry read during the tile before
         bh = e // n_m
         m = e % n_m
         b = bh // heads
@@ -482,9 +487,17 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     c = 0  # key blocks this program has streamed: the ring's position
+    e = 0  # dense calls with the host's table: the next tile's entry, read a tile ahead
+    if PERSISTENT and not VARLEN and tiles is not None:
+        run = _run(tiles)
+        e = gl.load(tiles + run)
     for i in range(my_n):
         off_m, tb, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
-                                                     tiles, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
+                                                     tiles, e, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
+        if PERSISTENT and not VARLEN and tiles is not None:
+            # issued now, waited for at the next tile: a load at the tile's start stalled the
+            # walk by its latency every tile (the last program reads the table's padding)
+            e = gl.load(tiles + run + i + 1)
         hk = h // group
         n_end = _key_blocks(off_m, sq, sk, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
         # K_0 first: its ring slot frees before this tile's Q buffer does (one Q buffer: only
@@ -645,9 +658,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
     # DEFERRED_STORE: the previous tile's output copy is waited for inside the next tile
     DEFER: gl.constexpr = DEFERRED_STORE and QBUF == 2 and not VARLEN
     prev_qi = 0  # the Q/O buffer whose output copy is in flight (DEFER)
+    e = 0  # dense calls with the host's table: the next tile's entry, read a tile ahead
+    if PERSISTENT and not VARLEN and tiles is not None:
+        run = _run(tiles)
+        e = gl.load(tiles + run)
     for i in range(my_n):
         off_m, b, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
-                                                    tiles, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
+                                                    tiles, e, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
+        if PERSISTENT and not VARLEN and tiles is not None:
+            e = gl.load(tiles + run + i + 1)  # the next tile's, as in _producer
         n_end = _key_blocks(off_m, sq, sk, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
         row0 = off_m + W * ROWS
         diag = sk - sq

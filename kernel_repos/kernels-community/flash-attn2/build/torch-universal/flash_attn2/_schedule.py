@@ -12,15 +12,16 @@ gave up for its carried-over loads.
 What this does instead: list scheduling in a model of that dispatch. Tiles go in an order that
 keeps the programs running at one time on a few neighbouring heads (their K/V stays in L2: a
 head's row blocks one after another, causal ones zig-zag short/long as the formula has them),
-each to the program whose modelled work ends first; a tile costs its key blocks plus one for its
-prologue and epilogue. Causal tiles differ in length, and a list that ends on long tiles leaves
+each to the program whose modelled work ends first; a tile costs its key blocks plus about one
+128-key block's worth for its prologue and epilogue (:func:`tile_cost`). Causal tiles differ in length, and a list that ends on long tiles leaves
 a ragged end, so the shortest tiles of every head (a few key blocks each, little to keep in L2)
 are held back and dealt last, longest first; how many is chosen by running the model on a few
 cut-offs. Non-causal tiles all cost the same, and the deal is round-robin over single tiles.
 
-The result is one int32 table per shape, ``[P + 1 + tiles]``: entries 0..P the offsets of each
-program's run (CSR), then the tiles as ``bh * n_m + m``; the kernel reads its own run
-(``_gluon_fwd._tile``). Each tile is computed exactly as before, so the output is the same bits.
+The result is one int32 table per shape, ``[P + 1 + tiles + 1]``: entries 0..P the offsets of
+each program's run (CSR), then the tiles as ``bh * n_m + m``, then one padding entry; the kernel
+reads its own run (``_gluon_fwd._tile``), each tile's entry while the tile before it runs (the last
+program reads the padding). Each tile is computed exactly as before, so the output is the same bits.
 Where the model finds nothing shorter than the formula's deal (equal tiles that fill the last
 round), the table holds the formula's deal: every dense call walks a table, so one compiled
 kernel serves them all.
@@ -37,8 +38,12 @@ import torch
 # of the call and the model's run on the host (a few ms per thousand tiles, once per shape) is
 # not worth it: such calls take the formula's deal, written as a table
 MAX_ROUNDS = 32
-# cut-offs tried for the held-back tiles, as fractions of the longest tile's key blocks
+# cut-offs tried for the held-back tiles, as fractions of the longest tile's cost
 _HOLD_BACK = (0.0, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 5 / 16)
+# the model's deal is taken where it is modelled at least this much shorter than the formula's:
+# at 1k causal tokens (head_dim 128, 64-key blocks) it was modelled 1.01-1.02x and measured
+# 0.98-0.99x (bench/results/fwd_schedule.md), where the modelled 1.03x at 4k-16k measured 1.01-1.05x
+LIST_MIN_GAIN = 1.02
 _TABLES: dict = {}
 _TABLES_MAX = 256  # shapes kept per process (a table is a few KB on the GPU)
 
@@ -47,6 +52,13 @@ def key_blocks(m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, 
     """Key blocks row block ``m`` reads (``_gluon_fwd._key_blocks``; at least one). Raises nothing."""
     hi = min(seqlen_k, (m + 1) * tile_m + seqlen_k - seqlen_q) if causal else seqlen_k
     return max(-(-hi // block_n), 1)
+
+
+def tile_cost(m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """The model's cost of row block ``m``: its key blocks plus its prologue and epilogue (the Q
+    load, the first key block's wait, the output's store), about one 128-key block's work,
+    whatever the block size. Raises nothing."""
+    return key_blocks(m, tile_m, block_n, seqlen_q, seqlen_k, causal) + max(1, 128 // block_n)
 
 
 def _base_order(n_m: int, causal: bool) -> List[int]:
@@ -63,18 +75,18 @@ def _deal(tiles: Sequence[Tuple[int, int]], costs: Sequence[int], nprog: int) ->
     runs: List[List[int]] = [[] for _ in range(nprog)]
     for bh, m in tiles:
         end, p = ends[0]
-        heapq.heapreplace(ends, (end + costs[m] + 1, p))
+        heapq.heapreplace(ends, (end + costs[m], p))
         runs[p].append((bh, m))
     return max(end for end, _ in ends), runs
 
 
 def assignment(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
                nprog: int) -> Tuple[int, List[List[Tuple[int, int]]]]:
-    """Each program's tiles, ``(bh, m)`` in walking order, and the modelled makespan (key blocks
-    plus one a tile). Raises ValueError for an empty shape or no programs."""
+    """Each program's tiles, ``(bh, m)`` in walking order, and the modelled makespan (the sum of
+    :func:`tile_cost`). Raises ValueError for an empty shape or no programs."""
     if n_bh <= 0 or n_m <= 0 or nprog <= 0:
         raise ValueError(f"no tiles to deal: {n_bh} heads x {n_m} row blocks over {nprog} programs")
-    costs = [key_blocks(m, tile_m, block_n, seqlen_q, seqlen_k, causal) for m in range(n_m)]
+    costs = [tile_cost(m, tile_m, block_n, seqlen_q, seqlen_k, causal) for m in range(n_m)]
     order = _base_order(n_m, causal)
     best = None
     for share in (_HOLD_BACK if causal else (0.0,)):
@@ -101,8 +113,8 @@ def formula_runs(n_bh: int, n_m: int, causal: bool, nprog: int) -> List[List[Tup
 
 def deal(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
          nprog: int) -> Tuple[str, int, List[List[Tuple[int, int]]]]:
-    """The deal a call takes: ``("list", makespan, runs)`` where :func:`assignment` models shorter
-    than the formula, else ``("formula", makespan, runs)``; beyond :data:`MAX_ROUNDS` tiles a
+    """The deal a call takes: ``("list", makespan, runs)`` where :func:`assignment` models a
+    makespan at least :data:`LIST_MIN_GAIN` times shorter than the formula's, else ``("formula", makespan, runs)``; beyond :data:`MAX_ROUNDS` tiles a
     program the formula's without modelling (makespan 0). Every run holds a tile: the formula's
     deal is over min(pairs, ``nprog``) programs, as its launch is. Raises ValueError as
     :func:`assignment`."""
@@ -111,9 +123,9 @@ def deal(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k
         return "formula", 0, formula_runs(n_bh, n_m, causal, pairs)
     span, runs = assignment(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, min(n_bh * n_m, nprog))
     formula = formula_runs(n_bh, n_m, causal, pairs)
-    costs = [key_blocks(m, tile_m, block_n, seqlen_q, seqlen_k, causal) + 1 for m in range(n_m)]
+    costs = [tile_cost(m, tile_m, block_n, seqlen_q, seqlen_k, causal) for m in range(n_m)]
     formula_span = max(sum(costs[m] for _, m in run) for run in formula)
-    return ("list", span, runs) if span < formula_span else ("formula", formula_span, formula)
+    return ("list", span, runs) if span * LIST_MIN_GAIN < formula_span else ("formula", formula_span, formula)
 
 
 def table(runs: Sequence[Sequence[Tuple[int, int]]], n_m: int) -> List[int]:
@@ -122,7 +134,7 @@ def table(runs: Sequence[Sequence[Tuple[int, int]]], n_m: int) -> List[int]:
     for run in runs:
         entries.extend(bh * n_m + m for bh, m in run)
         offsets.append(len(entries))
-    return offsets + entries
+    return offsets + entries + [0]
 
 
 def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int,
