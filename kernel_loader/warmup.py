@@ -11,7 +11,9 @@ anything, so the folder may be shared read-only, as long as it holds every kerne
 What a compiled kernel is specialised on: dtype, head dim, the features (causal, window,
 softcap, ALiBi, dropout), and for each integer argument (lengths, strides) whether it is 1 and
 whether it is a multiple of 16. So warm with the head dims, dtypes and masks the job uses and with
-lengths of the same kind (multiples of 16 cover multiples of 16).
+lengths of the same kind (multiples of 16 cover multiples of 16). The shipped kernel's Hopper forward
+also picks per shape (batch x heads x length) whether its programs read a tile table, a build of its
+own: warm with the job's batch and lengths.
 """
 
 from __future__ import annotations

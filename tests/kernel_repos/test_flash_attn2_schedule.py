@@ -111,27 +111,25 @@ def test_causal_calls_hold_the_shortest_tiles_back_to_the_end():
     assert 31 in firsts and 0 not in firsts
 
 
-def test_every_shape_gets_a_table_the_formula_deal_where_the_model_finds_nothing_shorter(monkeypatch):
-    # one compiled kernel (the table walk) serves every dense shape, so a compile cache prepared on
-    # other shapes still holds it
+def test_a_table_is_built_once_per_shape_and_only_where_the_model_deals_better(monkeypatch):
     monkeypatch.setattr(sched, "_TABLES", {})
     cpu = torch.device("cpu")
     shape = (64, 32, 128, 128, 4096, 4096, True)
     first, programs = sched.device_table(cpu, *shape, 132)
     assert first.dtype == torch.int32 and programs == 132 and first.tolist() == _table(shape, 132)[0]
     assert sched.device_table(cpu, *shape, 132)[0] is first  # built once
-    # 2048 equal tiles: 1024 pairs fill the rounds as well as single tiles, the formula's deal
-    # over its 132 programs
+    # 2048 equal tiles: 1024 pairs fill the rounds as well as single tiles: the formula in the
+    # kernel, no table (remembered too)
     equal = (256, 8, 128, 128, 1024, 1024, False)
     assert sched.deal(*equal, 132)[0] == "formula"
-    table, programs = sched.device_table(cpu, *equal, 132)
-    assert programs == 132 and _walks(table.tolist(), 132, 8) == sched.formula_runs(256, 8, False, 132)
+    assert sched.device_table(cpu, *equal, 132) is None and len(sched._TABLES) == 2
     # three tiles: two programs by the formula (a pair and one), three single tiles by the list
     assert sched.deal(1, 3, 128, 128, 384, 384, False, 132)[0] == "list"
     assert sched.device_table(cpu, 1, 3, 128, 128, 384, 384, False, 132)[1] == 3
-    # beyond MAX_ROUNDS tiles a program the formula's deal, not modelled
+    # beyond MAX_ROUNDS tiles a program the formula, not modelled
     many = (sched.MAX_ROUNDS * 132 // 32 + 1, 32, 128, 128, 4096, 4096, True)
     assert sched.deal(*many, 132)[:2] == ("formula", 0)
+    assert sched.device_table(cpu, *many, 132) is None
     with pytest.raises(ValueError, match="no tiles"):
         sched.assignment(0, 32, 128, 128, 4096, 4096, True, 132)
 
@@ -164,7 +162,6 @@ def test_the_forward_passes_the_table_and_its_program_count(monkeypatch):
     for b, s, h, d, causal, shape, programs in (
             (4, 4096, 16, 64, True, (64, 32, 128, 128, 4096, 4096, True), 132),
             (4, 4096, 16, 64, False, (64, 22, 192, 128, 4096, 4096, False), 132),
-            (16, 1024, 16, 128, False, (256, 8, 128, 128, 1024, 1024, False), 132),
             (1, 300, 1, 128, True, (1, 3, 128, 64, 300, 300, True), 3)):
         q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16) for _ in range(3))
         launched.clear()
@@ -172,6 +169,13 @@ def test_the_forward_passes_the_table_and_its_program_count(monkeypatch):
         (key, grid, args), = launched
         assert key[2] is True and grid == (programs, 1, 1)
         assert args[names.index("tiles")].tolist() == _table(shape, 132)[0]
+    # 16 x 1024 tokens, head_dim 128 non-causal: 2048 equal tiles, the formula in the kernel
+    q, k, v = (torch.randn(16, 1024, 16, 128, dtype=torch.bfloat16) for _ in range(3))
+    launched.clear()
+    gf.gluon_attention_forward(q, k, v, softmax_scale=0.125, causal=False)
+    (key, grid, args), = launched
+    assert key[2] is False and grid == (132, 1, 1) and args[names.index("tiles")] is None
+    q, k, v = (torch.randn(1, 300, 1, 128, dtype=torch.bfloat16) for _ in range(3))
     launched.clear()
     gf.gluon_attention_forward(q, k, v, softmax_scale=0.125, causal=True, schedule=False)
     (key, grid, args), = launched

@@ -23,8 +23,9 @@ each program's run (CSR), then the tiles as ``bh * n_m + m``, then one padding e
 reads its own run (``_gluon_fwd._tile``), each tile's entry while the tile before it runs (the last
 program reads the padding). Each tile is computed exactly as before, so the output is the same bits.
 Where the model finds nothing shorter than the formula's deal (equal tiles that fill the last
-round), the table holds the formula's deal: every dense call walks a table, so one compiled
-kernel serves them all.
+round) the call keeps the formula in the kernel, compiled without the table: reading a table
+costs a little (two dependent loads as a program starts), which a deal no shorter does not pay
+back.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 
 # Beyond this many tiles a program (rounds), the formula's ragged last round costs at most ~1/64
 # of the call and the model's run on the host (a few ms per thousand tiles, once per shape) is
-# not worth it: such calls take the formula's deal, written as a table
+# not worth it: such calls keep the formula
 MAX_ROUNDS = 32
 # cut-offs tried for the held-back tiles, as fractions of the longest tile's cost
 _HOLD_BACK = (0.0, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 5 / 16)
@@ -140,27 +141,32 @@ def table(runs: Sequence[Sequence[Tuple[int, int]]], n_m: int) -> List[int]:
 def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int,
                  seqlen_k: int, causal: bool, nprog: int) -> Optional[Tuple[torch.Tensor, int]]:
     """The table of :func:`deal` on ``device`` and the programs to launch (its runs, at most
-    ``nprog``: one per SM), built once per shape and kept. Every dense
-    persistent call walks a table, so one compiled kernel serves every shape (a compile cache
-    prepared on other shapes still holds it). None only while a CUDA graph is being captured and
-    this shape has no table yet (the call then keeps the formula, a kernel of its own). Raises
-    nothing."""
+    ``nprog``: one per SM), built once per shape and kept; None where the call keeps the formula
+    in the kernel: where the deal is the formula's, and while a CUDA graph is being captured for
+    a shape with no table yet (its copy to the GPU cannot be captured). Why not the formula's deal
+    from a table too: reading it measured 0.97-1.00x the formula in the kernel
+    (``bench/results/fwd_schedule.md``). Raises nothing."""
     key = (device, n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
-    found = _TABLES.get(key)
-    if found is not None:
+    found = _TABLES.get(key, _MISSING)
+    if found is not _MISSING:
         return found
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     if len(_TABLES) >= _TABLES_MAX:
         _TABLES.clear()
-    _, _, runs = deal(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
-    host = torch.tensor(table(runs, n_m), dtype=torch.int32)
-    if device.type == "cuda":
-        # from pinned memory without blocking: a plain copy would wait for every kernel queued
-        # before it, once per new shape (the caching host allocator keeps the buffer alive until
-        # the copy has run)
-        found = host.pin_memory().to(device, non_blocking=True), len(runs)
-    else:
-        found = host.to(device), len(runs)
+    kind, _, runs = deal(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
+    found = None
+    if kind == "list":
+        host = torch.tensor(table(runs, n_m), dtype=torch.int32)
+        if device.type == "cuda":
+            # from pinned memory without blocking: a plain copy would wait for every kernel queued
+            # before it, once per new shape (the caching host allocator keeps the buffer alive
+            # until the copy has run)
+            found = host.pin_memory().to(device, non_blocking=True), len(runs)
+        else:
+            found = host.to(device), len(runs)
     _TABLES[key] = found
     return found
+
+
+_MISSING = object()
