@@ -201,6 +201,48 @@ def test_the_launch_takes_the_split_of_its_head_dim(head_dim, keys_per_program, 
     assert args[1].block_shape == [1, keys_per_program, 1, head_dim]  # K's box
 
 
+def _light_last_order(n_kb: int, n_bh: int) -> list:
+    """(key block, batch x KV head) of each program in dispatch order (x fastest), by the
+    kernel's own arithmetic (_gluon_bwd._light_last)."""
+    heavy = n_kb - n_kb // 2
+    main = n_bh * heavy
+    order = []
+    for y in range(n_bh):
+        for x in range(n_kb):
+            t = y * n_kb + x
+            order.append((t % heavy, t // heavy) if t < main else (heavy + (t - main) // n_bh, (t - main) % n_bh))
+    return order
+
+
+@pytest.mark.parametrize("n_kb, n_bh", [(8, 256), (32, 64), (1, 5), (2, 3), (7, 4), (64, 1)])
+def test_light_last_dispatches_every_program_once_the_lighter_half_of_every_head_last(n_kb, n_bh):
+    order = _light_last_order(n_kb, n_bh)
+    assert sorted(order) == [(kb, bh) for kb in range(n_kb) for bh in range(n_bh)]
+    heavy = n_kb - n_kb // 2
+    # first each head's heavier key blocks (the left ones read the most query blocks), head by
+    # head; then the lighter ones, key block by key block across the heads
+    assert order[:n_bh * heavy] == [(kb, bh) for bh in range(n_bh) for kb in range(heavy)]
+    assert order[n_bh * heavy:] == [(kb, bh) for kb in range(heavy, n_kb) for bh in range(n_bh)]
+
+
+def test_light_last_is_taken_by_dense_causal_calls_only(monkeypatch):
+    gb = _gluon_bwd()
+    q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
+    lse = torch.empty(2, 4, 300)
+    acc = torch.empty(2 * 4 * 300, 128)
+    light = lambda causal, **kw: gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal, **kw)[2]["LIGHT_LAST"]  # noqa: E731
+    assert light(True) is True and light(False) is False and light(True, light_last=False) is False
+    monkeypatch.setattr(gb, "LIGHT_LAST", False)
+    assert light(True) is False
+    packed = torch.empty(600, 4, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32)
+    monkeypatch.setattr(gb, "LIGHT_LAST", True)
+    kwargs = gb._launch_args(packed, packed, packed, packed, torch.empty(4, 600), torch.empty(4, 600),
+                             torch.empty(4 * 600, 128), packed, packed, 0.1, True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                             max_seqlen_q=300, max_seqlen_k=300)[2]
+    assert kwargs["LIGHT_LAST"] is False  # a packed grid spans the longest sequence: no fixed order to reshape
+
+
 def test_calls_sharing_a_launcher_put_the_same_kind_of_argument_in_every_slot():
     """A Launcher keys one kind of argument per slot (a descriptor, a tensor, an int, None): the
     calls it serves, dense or packed, at every head dim, must agree slot by slot, or a cached
@@ -368,3 +410,5 @@ def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_
     assert ".local" not in ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+240;", ptx)
+    # dense causal calls work out their key block from both grid axes (LIGHT_LAST)
+    assert ("%nctaid.y" in ptx) == (causal and not varlen)

@@ -106,6 +106,14 @@ def tiles(head_dim: int) -> Tuple[int, int, int, int]:
 # dense calls store dK and dV through shared memory and the copy engine (packed ones through
 # stores masked at the sequence's end: a bulk copy would overwrite the next sequence's keys)
 STORE_DKDV_BY_TMA = True
+# dense causal calls: the programs of every head's lighter half of key blocks (those right of the
+# middle read the fewest query blocks) dispatched after all the heavier ones (_light_last), so the
+# call does not end on the last heads' longest programs. Why: the GPU hands each free SM the next
+# program in order, and in head order a causal call ends ragged: a model of that dispatch
+# (bench/results/bwd_light_last.md's notes) puts it 7 % over balance at 1k and 4k tokens (2048
+# programs), 1-3 % at 16k, within 1 % with the lighter half last. Off: every head's programs in
+# a row (their Q / dO stays in L2 while they run)
+LIGHT_LAST = True
 
 
 @gluon.jit
@@ -407,19 +415,42 @@ def _consumer_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_sme
 
 
 @gluon.jit
+def _light_last():
+    """(key block, batch x KV head) of this program when every head's lighter half of key blocks
+    goes after all heads' heavier ones (:data:`LIGHT_LAST`): the grid's programs in dispatch
+    order (x fastest) take each head's first ceil(n/2) key blocks head by head, then the rest key
+    block by key block across the heads."""
+    n_kb = gl.num_programs(0)
+    n_bh = gl.num_programs(1)
+    t = gl.program_id(1) * n_kb + gl.program_id(0)
+    heavy = n_kb - n_kb // 2
+    main = n_bh * heavy
+    if t < main:
+        pid_n = t % heavy
+        bh = t // heavy
+    else:
+        pid_n = heavy + (t - main) // n_bh
+        bh = (t - main) % n_bh
+    return pid_n, bh
+
+
+@gluon.jit
 def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, dk_ptr, dv_ptr, stride_dkb,
                     stride_dkn, stride_dkh,
                     stride_dvb, stride_dvn, stride_dvh, lse_ptr, delta_ptr, stride_lb, stride_lh, cu_seqlens_q,
                     cu_seqlens_k, total_q, seqlen_q, seqlen_k, heads_q, heads_k, qk_scale, sm_scale,
                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, DS_STAGES: gl.constexpr,
                     DQ_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, SMALL_REGS: gl.constexpr,
-                    VARLEN: gl.constexpr, TMA_OUT: gl.constexpr):
+                    VARLEN: gl.constexpr, TMA_OUT: gl.constexpr, LIGHT_LAST: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
     BN: gl.constexpr = k_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
-    pid_n = gl.program_id(0)
-    bh = gl.program_id(1)
+    if LIGHT_LAST:
+        pid_n, bh = _light_last()
+    else:
+        pid_n = gl.program_id(0)
+        bh = gl.program_id(1)
     b = bh // heads_k
     hk = bh % heads_k
     group = heads_q // heads_k
@@ -585,8 +616,9 @@ def _layout_2d(rows: int, head_dim: int) -> gl.NVMMASharedLayout:
 
 
 def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, cu_seqlens_q=None,
-                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None) -> Tuple[tuple, tuple, dict]:
-    """(grid, positional arguments, keyword arguments) of one launch."""
+                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, light_last=None) -> Tuple[tuple, tuple, dict]:
+    """(grid, positional arguments, keyword arguments) of one launch; ``light_last`` overrides
+    :data:`LIGHT_LAST` (dense causal calls only)."""
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if varlen:
@@ -616,7 +648,9 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
             dq_desc, *out_descs, dk, dv, *dk_strides, *dv_strides, lse, delta, *lse_strides, *packed,
             seqlen_q, seqlen_k, heads_q, heads_k, float(softmax_scale) * LOG2E, float(softmax_scale))
     kwargs = dict(CAUSAL=bool(causal), STAGES=stages, DS_STAGES=ds_stages, DQ_STAGES=dq_stages,
-                  CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], VARLEN=varlen, TMA_OUT=tma_out, num_warps=4,
+                  CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], VARLEN=varlen, TMA_OUT=tma_out,
+                  LIGHT_LAST=bool(causal) and not varlen and (LIGHT_LAST if light_last is None else bool(light_last)),
+                  num_warps=4,
                   maxnreg=REGS[2])
     return grid, args, kwargs
 
