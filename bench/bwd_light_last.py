@@ -57,6 +57,7 @@ def main() -> None:
 
     fa = harness.shipped_kernel()
     gb = importlib.import_module(fa.__name__ + "._gluon_bwd")
+    shipped = gb.LIGHT_LAST
     harness.warm_gpu()
     rows = []
     for d, hq, hk, s in ROWS:
@@ -81,7 +82,7 @@ def main() -> None:
         flop = 3.5 * 4.0 * b * hq * s * s * d / 2
         us, errors, _ = harness.interleaved_us(contenders, rounds=args.rounds)
         samples = harness.paired({n: contenders[n] for n in ("light_last", "head_order")}, rounds=args.paired)
-        gb.LIGHT_LAST = True
+        gb.LIGHT_LAST = shipped
         r = harness.ratio(samples["head_order"], samples["light_last"])
         n_kb = -(-s // (gb.WIDE_BLOCK_N if d >= gb.WIDE_FROM else gb.BLOCK_N))
         dq_err = float((dq1.float() - dq0.float()).norm() / dq0.float().norm())

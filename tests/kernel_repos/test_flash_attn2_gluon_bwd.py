@@ -231,9 +231,10 @@ def test_light_last_is_taken_by_dense_causal_calls_only(monkeypatch):
     lse = torch.empty(2, 4, 300)
     acc = torch.empty(2 * 4 * 300, 128)
     light = lambda causal, **kw: gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal, **kw)[2]["LIGHT_LAST"]  # noqa: E731
+    # off by default (measured slower: _gluon_bwd.LIGHT_LAST); asked for, dense causal calls only
+    assert light(True) is False and light(True, light_last=True) is True and light(False, light_last=True) is False
+    monkeypatch.setattr(gb, "LIGHT_LAST", True)
     assert light(True) is True and light(False) is False and light(True, light_last=False) is False
-    monkeypatch.setattr(gb, "LIGHT_LAST", False)
-    assert light(True) is False
     packed = torch.empty(600, 4, 128, dtype=torch.bfloat16)
     cu = torch.tensor([0, 300, 600], dtype=torch.int32)
     monkeypatch.setattr(gb, "LIGHT_LAST", True)
@@ -338,6 +339,7 @@ from triton.runtime.jit import mangle_type
 import _fa2_sm90._gluon_bwd as gb
 
 head_dim, causal, varlen = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+gb.LIGHT_LAST = len(sys.argv) > 5 and sys.argv[5] == "light_last"
 
 if varlen:
     q = torch.empty(600, 4, head_dim, dtype=torch.bfloat16)
@@ -410,5 +412,13 @@ def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_
     assert ".local" not in ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+240;", ptx)
-    # dense causal calls work out their key block from both grid axes (LIGHT_LAST)
-    assert ("%nctaid.y" in ptx) == (causal and not varlen)
+    # the key block and head straight from the grid's axes (LIGHT_LAST off)
+    assert "%nctaid.y" not in ptx
+
+
+def test_the_lighter_half_last_order_compiles_for_sm90(tmp_path):
+    # LIGHT_LAST (off, measured slower) works its key block out from both grid axes
+    _gluon_bwd()
+    done = run_compiling_child(_COMPILE_FOR_SM90, (128, 1, 0, "light_last"), tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "%nctaid.y" in done.stdout and ".local" not in done.stdout

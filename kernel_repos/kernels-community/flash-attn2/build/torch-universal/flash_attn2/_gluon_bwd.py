@@ -108,12 +108,12 @@ def tiles(head_dim: int) -> Tuple[int, int, int, int]:
 STORE_DKDV_BY_TMA = True
 # dense causal calls: the programs of every head's lighter half of key blocks (those right of the
 # middle read the fewest query blocks) dispatched after all the heavier ones (_light_last), so the
-# call does not end on the last heads' longest programs. Why: the GPU hands each free SM the next
-# program in order, and in head order a causal call ends ragged: a model of that dispatch
-# (bench/results/bwd_light_last.md's notes) puts it 7 % over balance at 1k and 4k tokens (2048
-# programs), 1-3 % at 16k, within 1 % with the lighter half last. Off: every head's programs in
-# a row (their Q / dO stays in L2 while they run)
-LIGHT_LAST = True
+# call would not end on the last heads' longest programs. A model of the GPU's dispatch puts head
+# order 7 % over balance at 1k and 4k tokens, 14 % at head_dim 64 GQA 2k, and this within 1 %; but
+# measured (bench/results/bwd_light_last.md) forward+backward ran 0.92x head order at 4k, 0.95x at
+# 16k and 0.74x at head_dim 256: in head order a head's programs run side by side and share its
+# Q / dO in L2, and the lighter halves, run apart, read them again from memory. So off
+LIGHT_LAST = False
 
 
 @gluon.jit
