@@ -124,8 +124,8 @@ PERSISTENT_VARLEN = False
 # dense persistent calls: each program walks the run of tiles _schedule deals it on the host (list
 # scheduling in a model of the GPU's own dispatch, causal calls' shortest tiles dealt last) where
 # that model finds a deal 2 % shorter than the formula's pairs in turn, which the kernel works out
-# itself; False: the formula always. Measured (bench/results/fwd_schedule.md): 1.02-1.05x the
-# formula on causal rows from 4k tokens, 1.03-1.04x at head_dim 64 non-causal 4k-16k
+# itself; False: the formula always. Measured (bench/results/fwd_schedule.md, back to back):
+# 1.01-1.05x the formula on causal rows from 4k tokens, 1.02-1.04x at head_dim 64 non-causal 4k-16k
 SCHEDULE = True
 # (worker consumer, producer, kernel maxnreg) registers per thread: 4 + 4 + 1 warps (the producer's
 # warp counts as a warpgroup) share the 64K-register file as 24 x 128 + 240 x 256 <= 168 x 384; the
