@@ -29,8 +29,8 @@
 # query heads of a GQA group in one program beside the one-head program and cuDNN (causal, head_dim 64 and 128).
 # schedule (not in the default list, about 150 s): bench/fwd_schedule.py, the persistent Gluon forward with its tiles
 # dealt by the host's table (_schedule) beside the formula's pairs in turn and cuDNN, checked bit for bit.
-# bwdlight (not in the default list, about 120 s): bench/bwd_light_last.py, the Gluon backward with every head's lighter
-# half of causal key blocks dispatched last beside head order and cuDNN (forward+backward, checked between the two).
+# bwdorder (not in the default list, about 150 s): bench/bwd_order.py, the Gluon backward's causal programs in three
+# dispatch orders (head order; every head's lighter half last; the last heads key block by key block) beside cuDNN.
 # power (not in the default list, about 150 s): bench/power_probe.py, the SM clock, power draw and TFLOP/s while
 # our forward and cuDNN's run back to back in one-second turns, on every row of the attention table.
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
@@ -78,7 +78,7 @@ want power && step 260 python3 bench/power_probe.py --out "$RES" --commit "${COM
 want decodesplit && step 200 python3 bench/e2e_decode_split.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodehost && step 60 python3 bench/decode_host.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodepages && step 60 python3 bench/decode_pages.py --out "$RES" --commit "${COMMIT:-unknown}"
-want bwdlight && step 240 python3 bench/bwd_light_last.py --out "$RES" --commit "${COMMIT:-unknown}"
+want bwdorder && step 300 python3 bench/bwd_order.py --out "$RES" --commit "${COMMIT:-unknown}"
 want schedule && step 240 python3 bench/fwd_schedule.py --out "$RES" --commit "${COMMIT:-unknown}"
 want headpairs && step 200 python3 bench/fwd_head_pairs.py --out "$RES" --commit "${COMMIT:-unknown}"
 want e2e && step 200 python3 bench/e2e_transformers.py --shape llama-3-8b --out "$RES" --commit "${COMMIT:-unknown}"

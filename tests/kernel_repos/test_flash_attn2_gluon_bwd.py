@@ -201,22 +201,26 @@ def test_the_launch_takes_the_split_of_its_head_dim(head_dim, keys_per_program, 
     assert args[1].block_shape == [1, keys_per_program, 1, head_dim]  # K's box
 
 
-def _light_last_order(n_kb: int, n_bh: int) -> list:
+def _dispatch_order(n_kb: int, n_bh: int, order: int, tail: int = 0) -> list:
     """(key block, batch x KV head) of each program in dispatch order (x fastest), by the
-    kernel's own arithmetic (_gluon_bwd._light_last)."""
-    heavy = n_kb - n_kb // 2
-    main = n_bh * heavy
-    order = []
+    kernel's own arithmetic (_gluon_bwd._program_order)."""
+    out = []
     for y in range(n_bh):
         for x in range(n_kb):
             t = y * n_kb + x
-            order.append((t % heavy, t // heavy) if t < main else (heavy + (t - main) // n_bh, (t - main) % n_bh))
-    return order
+            if order == 1:
+                heavy = n_kb - n_kb // 2
+                main = n_bh * heavy
+                out.append((t % heavy, t // heavy) if t < main else (heavy + (t - main) // n_bh, (t - main) % n_bh))
+            else:
+                main = (n_bh - tail) * n_kb
+                out.append((t % n_kb, t // n_kb) if t < main else ((t - main) // tail, n_bh - tail + (t - main) % tail))
+    return out
 
 
 @pytest.mark.parametrize("n_kb, n_bh", [(8, 256), (32, 64), (1, 5), (2, 3), (7, 4), (64, 1)])
-def test_light_last_dispatches_every_program_once_the_lighter_half_of_every_head_last(n_kb, n_bh):
-    order = _light_last_order(n_kb, n_bh)
+def test_lighter_half_last_dispatches_every_program_once_the_lighter_half_of_every_head_last(n_kb, n_bh):
+    order = _dispatch_order(n_kb, n_bh, 1)
     assert sorted(order) == [(kb, bh) for kb in range(n_kb) for bh in range(n_bh)]
     heavy = n_kb - n_kb // 2
     # first each head's heavier key blocks (the left ones read the most query blocks), head by
@@ -225,23 +229,45 @@ def test_light_last_dispatches_every_program_once_the_lighter_half_of_every_head
     assert order[n_bh * heavy:] == [(kb, bh) for kb in range(heavy, n_kb) for bh in range(n_bh)]
 
 
-def test_light_last_is_taken_by_dense_causal_calls_only(monkeypatch):
+@pytest.mark.parametrize("n_kb, n_bh, tail", [(8, 256, 32), (32, 64, 8), (3, 5, 5), (7, 4, 1), (64, 1, 1)])
+def test_last_heads_by_block_keeps_head_order_but_deals_the_last_heads_key_block_by_key_block(n_kb, n_bh, tail):
+    order = _dispatch_order(n_kb, n_bh, 2, tail)
+    assert sorted(order) == [(kb, bh) for kb in range(n_kb) for bh in range(n_bh)]
+    main = (n_bh - tail) * n_kb
+    assert order[:main] == [(kb, bh) for bh in range(n_bh - tail) for kb in range(n_kb)]
+    assert order[main:] == [(kb, bh) for kb in range(n_kb) for bh in range(n_bh - tail, n_bh)]
+
+
+def test_the_last_heads_are_as_many_as_fit_the_tail_bytes():
+    gb = _gluon_bwd()
+    # Q and dO of one head at 4k tokens, head_dim 128: 2 MB, so 8 fit in 16 MB; GQA groups count
+    # every query head of the group; at least one head, at most all
+    assert gb.TAIL_BYTES == 16 << 20
+    assert gb.tail_heads(64, 4096, 128, 1) == 8
+    assert gb.tail_heads(256, 1024, 128, 1) == 32
+    assert gb.tail_heads(64, 2048, 64, 4) == 8
+    assert gb.tail_heads(64, 4096, 256, 1) == 4
+    assert gb.tail_heads(16, 1 << 20, 256, 8) == 1
+    assert gb.tail_heads(3, 64, 64, 1) == 3
+
+
+def test_program_orders_other_than_head_order_are_taken_by_dense_causal_calls_only(monkeypatch):
     gb = _gluon_bwd()
     q = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)
     lse = torch.empty(2, 4, 300)
     acc = torch.empty(2 * 4 * 300, 128)
-    light = lambda causal, **kw: gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal, **kw)[2]["LIGHT_LAST"]  # noqa: E731
-    # off by default (measured slower: _gluon_bwd.LIGHT_LAST); asked for, dense causal calls only
-    assert light(True) is False and light(True, light_last=True) is True and light(False, light_last=True) is False
-    monkeypatch.setattr(gb, "LIGHT_LAST", True)
-    assert light(True) is True and light(False) is False and light(True, light_last=False) is False
+    order = lambda causal, **kw: gb._launch_args(q, q, q, q, lse, lse, acc, q, q, 0.1, causal, **kw)[2]["ORDER"]  # noqa: E731
+    # head order by default (the others not timed faster: _gluon_bwd.ORDER); asked for, dense causal calls only
+    assert gb.ORDER == gb.HEAD_ORDER and order(True) == 0
+    assert order(True, order=gb.LAST_HEADS_BY_BLOCK) == 2 and order(False, order=gb.LAST_HEADS_BY_BLOCK) == 0
+    monkeypatch.setattr(gb, "ORDER", gb.LIGHTER_HALF_LAST)
+    assert order(True) == 1 and order(False) == 0 and order(True, order=gb.HEAD_ORDER) == 0
     packed = torch.empty(600, 4, 128, dtype=torch.bfloat16)
     cu = torch.tensor([0, 300, 600], dtype=torch.int32)
-    monkeypatch.setattr(gb, "LIGHT_LAST", True)
     kwargs = gb._launch_args(packed, packed, packed, packed, torch.empty(4, 600), torch.empty(4, 600),
                              torch.empty(4 * 600, 128), packed, packed, 0.1, True, cu_seqlens_q=cu, cu_seqlens_k=cu,
                              max_seqlen_q=300, max_seqlen_k=300)[2]
-    assert kwargs["LIGHT_LAST"] is False  # a packed grid spans the longest sequence: no fixed order to reshape
+    assert kwargs["ORDER"] == 0  # a packed grid spans the longest sequence: no fixed order to reshape
 
 
 def test_calls_sharing_a_launcher_put_the_same_kind_of_argument_in_every_slot():
@@ -339,7 +365,7 @@ from triton.runtime.jit import mangle_type
 import _fa2_sm90._gluon_bwd as gb
 
 head_dim, causal, varlen = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
-gb.LIGHT_LAST = len(sys.argv) > 5 and sys.argv[5] == "light_last"
+gb.ORDER = int(sys.argv[5]) if len(sys.argv) > 5 else gb.HEAD_ORDER
 
 if varlen:
     q = torch.empty(600, 4, head_dim, dtype=torch.bfloat16)
@@ -412,13 +438,14 @@ def test_kernel_compiles_for_sm90_to_five_wgmma_products_and_a_bulk_reduce(head_
     assert ".local" not in ptx
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert re.search(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+240;", ptx)
-    # the key block and head straight from the grid's axes (LIGHT_LAST off)
+    # the key block and head straight from the grid's axes (head order, _gluon_bwd.ORDER)
     assert "%nctaid.y" not in ptx
 
 
-def test_the_lighter_half_last_order_compiles_for_sm90(tmp_path):
-    # LIGHT_LAST (off, measured slower) works its key block out from both grid axes
+@pytest.mark.parametrize("order", [1, 2])
+def test_the_other_program_orders_compile_for_sm90(order, tmp_path):
+    # LIGHTER_HALF_LAST and LAST_HEADS_BY_BLOCK work the key block out from both grid axes
     _gluon_bwd()
-    done = run_compiling_child(_COMPILE_FOR_SM90, (128, 1, 0, "light_last"), tmp_path)
+    done = run_compiling_child(_COMPILE_FOR_SM90, (128, 1, 0, order), tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "%nctaid.y" in done.stdout and ".local" not in done.stdout

@@ -106,14 +106,25 @@ def tiles(head_dim: int) -> Tuple[int, int, int, int]:
 # dense calls store dK and dV through shared memory and the copy engine (packed ones through
 # stores masked at the sequence's end: a bulk copy would overwrite the next sequence's keys)
 STORE_DKDV_BY_TMA = True
-# dense causal calls: the programs of every head's lighter half of key blocks (those right of the
-# middle read the fewest query blocks) dispatched after all the heavier ones (_light_last), so the
-# call would not end on the last heads' longest programs. A model of the GPU's dispatch puts head
-# order 7 % over balance at 1k and 4k tokens, 14 % at head_dim 64 GQA 2k, and this within 1 %; but
-# measured (bench/results/bwd_light_last.md) forward+backward ran 0.92x head order at 4k, 0.95x at
-# 16k and 0.74x at head_dim 256: in head order a head's programs run side by side and share its
-# Q / dO in L2, and the lighter halves, run apart, read them again from memory. So off
-LIGHT_LAST = False
+# The order the GPU dispatches a dense causal call's programs in (one per key block and KV head;
+# a free SM takes the next in grid order). A causal key block's program reads the query blocks
+# from its diagonal on, so a head's programs run from long (the first key block) to short, and a
+# call that ends on the last heads' long programs ends ragged: a model of that dispatch
+# (bench/bwd_order.py) puts head order 7 % over balance at 1k and 4k tokens, 14 % at head_dim
+# 64 GQA 2k.
+# HEAD_ORDER: every head's programs one after another (their Q / dO stays in L2 while they run).
+# LIGHTER_HALF_LAST: every head's lighter half of key blocks after all heads' heavier halves;
+# modelled within 1 % of balance, measured 0.92x head order at 4k, 0.95x at 16k and 0.74x at
+# head_dim 256 (bench/results/repeats/bwd_light_last_0f6c18b.md): the lighter halves, run apart
+# from their heads, read Q / dO from memory again.
+# LAST_HEADS_BY_BLOCK: head order, but the last heads whose Q / dO fit in TAIL_BYTES of L2 go key
+# block by key block (their heaviest programs first), so the call ends on light programs while
+# what runs side by side still shares one small set of heads; modelled 1.2 % over balance at 1k,
+# 2.2 % at 4k, 1.2 % at head_dim 256, 3.8 % at GQA 2k. Not timed yet, so not the default.
+HEAD_ORDER, LIGHTER_HALF_LAST, LAST_HEADS_BY_BLOCK = 0, 1, 2
+ORDER = HEAD_ORDER
+TAIL_BYTES = 16 * 1024 * 1024  # the last heads' Q and dO (bf16) that LAST_HEADS_BY_BLOCK keeps in L2 at once
+_TAIL_BYTES = gl.constexpr(TAIL_BYTES)  # the same, as the kernel reads it
 
 
 @gluon.jit
@@ -414,23 +425,44 @@ def _consumer_wide(k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, pt_sme
                 stride_dkh, stride_dvb, stride_dvn, stride_dvh)
 
 
+def tail_heads(n_bh: int, seqlen_q: int, head_dim: int, group: int) -> int:
+    """How many last heads :data:`LAST_HEADS_BY_BLOCK` dispatches key block by key block: as many
+    as whose Q and dO (bf16, ``group`` query heads each) fit in :data:`TAIL_BYTES`, at least one,
+    at most all (``_program_order``'s arithmetic, for the dispatch model and the tests). Raises
+    nothing."""
+    return min(n_bh, max(TAIL_BYTES // (4 * head_dim) // group // seqlen_q, 1))
+
+
 @gluon.jit
-def _light_last():
-    """(key block, batch x KV head) of this program when every head's lighter half of key blocks
-    goes after all heads' heavier ones (:data:`LIGHT_LAST`): the grid's programs in dispatch
-    order (x fastest) take each head's first ceil(n/2) key blocks head by head, then the rest key
-    block by key block across the heads."""
+def _program_order(seqlen_q, group, ORDER: gl.constexpr, D: gl.constexpr):
+    """(key block, batch x KV head) of this program under :data:`ORDER`, from its place in
+    dispatch order (x fastest)."""
     n_kb = gl.num_programs(0)
     n_bh = gl.num_programs(1)
     t = gl.program_id(1) * n_kb + gl.program_id(0)
-    heavy = n_kb - n_kb // 2
-    main = n_bh * heavy
-    if t < main:
-        pid_n = t % heavy
-        bh = t // heavy
+    if ORDER == 1:
+        # LIGHTER_HALF_LAST: each head's first ceil(n/2) key blocks head by head, then the rest
+        # key block by key block across the heads
+        heavy = n_kb - n_kb // 2
+        main = n_bh * heavy
+        if t < main:
+            pid_n = t % heavy
+            bh = t // heavy
+        else:
+            pid_n = heavy + (t - main) // n_bh
+            bh = (t - main) % n_bh
     else:
-        pid_n = heavy + (t - main) // n_bh
-        bh = (t - main) % n_bh
+        # LAST_HEADS_BY_BLOCK: the heads before the last `tail` in head order, then the last
+        # `tail` heads key block by key block; `tail`: how many heads' Q and dO fit in TAIL_BYTES
+        # (divided step by step: the product overflows 32 bits at long lengths)
+        tail = gl.minimum(n_bh, gl.maximum(_TAIL_BYTES // (4 * D) // group // seqlen_q, 1))
+        main = (n_bh - tail) * n_kb
+        if t < main:
+            pid_n = t % n_kb
+            bh = t // n_kb
+        else:
+            pid_n = (t - main) // tail
+            bh = n_bh - tail + (t - main) % tail
     return pid_n, bh
 
 
@@ -441,13 +473,13 @@ def _gluon_attn_bwd(q_desc, k_desc, v_desc, do_desc, dq_desc, dk_desc, dv_desc, 
                     cu_seqlens_k, total_q, seqlen_q, seqlen_k, heads_q, heads_k, qk_scale, sm_scale,
                     CAUSAL: gl.constexpr, STAGES: gl.constexpr, DS_STAGES: gl.constexpr,
                     DQ_STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, SMALL_REGS: gl.constexpr,
-                    VARLEN: gl.constexpr, TMA_OUT: gl.constexpr, LIGHT_LAST: gl.constexpr):
+                    VARLEN: gl.constexpr, TMA_OUT: gl.constexpr, ORDER: gl.constexpr):
     BM: gl.constexpr = q_desc.block_type.shape[1]
     D: gl.constexpr = q_desc.block_type.shape[3]
     BN: gl.constexpr = k_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
-    if LIGHT_LAST:
-        pid_n, bh = _light_last()
+    if ORDER != 0:
+        pid_n, bh = _program_order(seqlen_q, heads_q // heads_k, ORDER, D)
     else:
         pid_n = gl.program_id(0)
         bh = gl.program_id(1)
@@ -616,9 +648,9 @@ def _layout_2d(rows: int, head_dim: int) -> gl.NVMMASharedLayout:
 
 
 def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal, cu_seqlens_q=None,
-                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, light_last=None) -> Tuple[tuple, tuple, dict]:
-    """(grid, positional arguments, keyword arguments) of one launch; ``light_last`` overrides
-    :data:`LIGHT_LAST` (dense causal calls only)."""
+                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, order=None) -> Tuple[tuple, tuple, dict]:
+    """(grid, positional arguments, keyword arguments) of one launch; ``order`` overrides
+    :data:`ORDER` (dense causal calls only; the others take head order)."""
     varlen = cu_seqlens_q is not None
     d = q.shape[-1]
     if varlen:
@@ -649,7 +681,7 @@ def _launch_args(q, k, v, do, lse, delta, dq_acc, dk, dv, softmax_scale, causal,
             seqlen_q, seqlen_k, heads_q, heads_k, float(softmax_scale) * LOG2E, float(softmax_scale))
     kwargs = dict(CAUSAL=bool(causal), STAGES=stages, DS_STAGES=ds_stages, DQ_STAGES=dq_stages,
                   CONSUMER_REGS=REGS[0], SMALL_REGS=REGS[1], VARLEN=varlen, TMA_OUT=tma_out,
-                  LIGHT_LAST=bool(causal) and not varlen and (LIGHT_LAST if light_last is None else bool(light_last)),
+                  ORDER=(ORDER if order is None else int(order)) if causal and not varlen else HEAD_ORDER,
                   num_warps=4,
                   maxnreg=REGS[2])
     return grid, args, kwargs
