@@ -134,6 +134,32 @@ def test_a_table_is_built_once_per_shape_and_only_where_the_model_deals_better(m
         sched.assignment(0, 32, 128, 128, 4096, 4096, True, 132)
 
 
+def test_a_table_copied_without_blocking_is_waited_for_once_by_the_next_call(monkeypatch):
+    # the call that built it launches on the copy's stream; the next may launch on another, so it
+    # waits for the copy's event once on the host, and a capture (where the host may not wait)
+    # keeps the formula until then
+    monkeypatch.setattr(sched, "_TABLES", {})
+    cpu = torch.device("cpu")
+    shape = (64, 32, 128, 128, 4096, 4096, True)
+    pair = sched.device_table(cpu, *shape, 132)
+    waits = []
+
+    class Copied:
+        def synchronize(self):
+            waits.append(1)
+
+    entry = sched._TABLES[(cpu, *shape, 132)]
+    entry.copied = Copied()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert sched.device_table(cpu, *shape, 132) is None and waits == []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert sched.device_table(cpu, *shape, 132) is pair and waits == [1]
+    assert sched.device_table(cpu, *shape, 132) is pair and waits == [1]  # once
+    # a capture after that takes the table (it is on the GPU)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert sched.device_table(cpu, *shape, 132) is pair
+
+
 def test_the_formula_runs_are_the_kernels_formula():
     # _gluon_fwd's my_n and _tile without a table: pairs u = pid + j P, tiles 2u and 2u + 1
     n_bh, n_m, nprog = 5, 7, 4

@@ -31,7 +31,7 @@ back.
 from __future__ import annotations
 
 import heapq
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -138,35 +138,64 @@ def table(runs: Sequence[Sequence[Tuple[int, int]]], n_m: int) -> List[int]:
     return offsets + entries + [0]
 
 
+class _Table:
+    """One shape's table on its device: ``pair`` is (tensor, programs); ``copied`` the event
+    recorded after the copy to the GPU, until some call has waited for it (None after)."""
+
+    __slots__ = ("pair", "copied")
+
+    def __init__(self, pair: Tuple[torch.Tensor, int], copied: Any) -> None:
+        self.pair, self.copied = pair, copied
+
+
 def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int,
                  seqlen_k: int, causal: bool, nprog: int) -> Optional[Tuple[torch.Tensor, int]]:
     """The table of :func:`deal` on ``device`` and the programs to launch (its runs, at most
     ``nprog``: one per SM), built once per shape and kept; None where the call keeps the formula
     in the kernel: where the deal is the formula's, and while a CUDA graph is being captured for
-    a shape with no table yet (its copy to the GPU cannot be captured). Why not the formula's deal
-    from a table too: reading it measured 0.97-1.00x the formula in the kernel
-    (``bench/results/fwd_schedule.md``). Raises nothing."""
+    a shape whose table is not built or not yet known to be on the GPU. Why not the formula's
+    deal from a table too: reading it measured 0.97-1.00x the formula in the kernel
+    (``bench/results/repeats/fwd_schedule_ef908b9.md``).
+
+    The copy to the GPU does not block: a blocking one would wait for every kernel queued before
+    it. The call that built the table launches on the stream the copy went to, so it reads the
+    table after the copy; the next call waits for the copy once, on the host (by then it has
+    long run), since it may launch on another stream. Raises nothing."""
     key = (device, n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
     found = _TABLES.get(key, _MISSING)
+    if found is None:
+        return None
     if found is not _MISSING:
-        return found
+        if found.copied is not None:
+            if torch.cuda.is_current_stream_capturing():
+                return None  # a wait on the host is not allowed inside a capture
+            found.copied.synchronize()
+            found.copied = None
+        return found.pair
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     if len(_TABLES) >= _TABLES_MAX:
         _TABLES.clear()
     kind, _, runs = deal(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
-    found = None
-    if kind == "list":
-        host = torch.tensor(table(runs, n_m), dtype=torch.int32)
-        if device.type == "cuda":
-            # from pinned memory without blocking: a plain copy would wait for every kernel queued
-            # before it, once per new shape (the caching host allocator keeps the buffer alive
-            # until the copy has run)
-            found = host.pin_memory().to(device, non_blocking=True), len(runs)
-        else:
-            found = host.to(device), len(runs)
-    _TABLES[key] = found
-    return found
+    if kind != "list":
+        _TABLES[key] = None
+        return None
+    host = torch.tensor(table(runs, n_m), dtype=torch.int32)
+    copied = None
+    if device.type == "cuda":
+        try:
+            host = host.pin_memory()
+        except RuntimeError:  # no page-locked memory to be had: the copy blocks instead
+            pass
+        tensor = host.to(device, non_blocking=host.is_pinned())
+        if host.is_pinned():
+            # the caching host allocator keeps the pinned buffer until the copy has run
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(device))  # the copy's stream: the device's current one
+    else:
+        tensor = host.to(device)
+    entry = _TABLES[key] = _Table((tensor, len(runs)), copied)
+    return entry.pair
 
 
 _MISSING = object()
