@@ -17,8 +17,12 @@ Model (list scheduling over 132 SMs, a program costing its query blocks plus one
 1k, 2.2 % at 4k, 1.2 % at head_dim 256, 3.8 % at GQA 2k. The model leaves out L2: the lighter
 half last measured 0.74-0.95x head order from 4k (``repeats/bwd_light_last_0f6c18b.md``), its
 lighter halves reading their heads' Q and dO from memory again; the last heads by block keep what
-runs side by side within 16 MB of Q and dO. Prediction for it: 2-5 % faster where head order's
-modelled overhang is 7 % or more, no change at 16k.
+runs side by side within 16 MB of Q and dO. A second model counts that (``model_hbm_mb``: Q and
+dO read through a 50 MB LRU cache in the dispatch model's timing): head order and the last heads
+by block read each block of Q and dO from memory once (134 MB at head_dim 128, 268 at 256); the
+lighter half last 1.7-2.1x that at head_dim 128 and 7.4x at 256, the order of its measured
+losses. Prediction for the last heads by block: 2-5 % faster where head order's modelled
+overhang is 7 % or more, no change at 16k.
 
 Each row checks dK and dV bit for bit and dQ within 1e-2 (relative) between each order and head
 order (dQ's fp32 reduce-adds land in another order), then times them and cuDNN: ``do_bench``
@@ -70,6 +74,46 @@ def model_overhang(n_kb: int, n_bh: int, order: str, tail: int = 1, blocks_per_k
     return max(ends) / (n_bh * sum(cost) / sms)
 
 
+def model_hbm_mb(n_kb: int, n_bh: int, order: str, tail: int, seqlen: int, head_dim: int, group: int,
+                 key_block: int = 128, l2_bytes: int = 50 << 20, sms: int = SMS) -> float:
+    """MB of Q and dO read from memory (not L2) in a model: programs dealt as in
+    :func:`model_overhang`, each reading its query blocks (64 rows of Q and dO for every query
+    head of its group) one a time unit from its start, through an LRU cache of ``l2_bytes``.
+    What it leaves out: K, V, lse and the writes (the same in every order), and the L2's own
+    policy. Raises ValueError as :func:`dispatch`."""
+    unit = 64 * head_dim * 2 * 2 * group
+    n_qb = -(-seqlen // 64)
+    per_key_block = key_block // 64
+    heads = list(range(n_bh))
+    if order == "head":
+        programs = [(bh, j) for bh in heads for j in range(n_kb)]
+    elif order == "lighter_half_last":
+        heavy = n_kb - n_kb // 2
+        programs = [(bh, j) for bh in heads for j in range(heavy)] + [(bh, j) for j in range(heavy, n_kb) for bh in heads]
+    elif order == "last_heads_by_block":
+        programs = [(bh, j) for bh in heads[:n_bh - tail] for j in range(n_kb)]
+        programs += [(bh, j) for j in range(n_kb) for bh in heads[n_bh - tail:]]
+    else:
+        raise ValueError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
+    ends = [0] * sms
+    reads = []
+    for bh, j in programs:
+        start, first = ends[0], j * per_key_block
+        reads.extend((start + i - first, bh, i) for i in range(first, n_qb))
+        heapq.heapreplace(ends, start + n_qb - first + 1)
+    reads.sort()
+    cache: dict = {}  # insertion order is the LRU order
+    capacity, misses = l2_bytes // unit, 0
+    for _, bh, i in reads:
+        if cache.pop((bh, i), None) is None:
+            misses += 1
+            if cache and len(cache) >= capacity:
+                del cache[next(iter(cache))]
+        if capacity:
+            cache[(bh, i)] = True
+    return misses * unit / 1e6
+
+
 def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=harness.ROUNDS)
@@ -115,6 +159,8 @@ def main() -> None:
         checked = True
         for name in ORDERS:
             row[f"model_{name}"] = model_overhang(n_kb, b * hk, name, tail, 1 if wide else 2)
+            row[f"model_mb_{name}"] = model_hbm_mb(n_kb, b * hk, name, tail, s, d, hq // hk,
+                                                   gb.WIDE_BLOCK_N if wide else gb.BLOCK_N)
             if name == "head":
                 continue
             dq, dk, dv = grads[name]
@@ -131,7 +177,9 @@ def main() -> None:
         print(row, flush=True)
     columns = dict(d="d", heads="heads", seq="seq", tail_heads="last heads by block",
                    model_head="model: head order", model_lighter_half_last="model: lighter half last",
-                   model_last_heads_by_block="model: last heads by block", checked="dK, dV same bits; dQ within 1e-2",
+                   model_last_heads_by_block="model: last heads by block", model_mb_head="L2 model: Q/dO MB from memory, head order",
+                   model_mb_lighter_half_last="lighter half last", model_mb_last_heads_by_block="last heads by block",
+                   checked="dK, dV same bits; dQ within 1e-2",
                    head_tflops="head order f+b TFLOP/s", lighter_half_last_tflops="lighter half last",
                    last_heads_by_block_tflops="last heads by block", cudnn_tflops="cuDNN",
                    paired_lighter_half_last_vs_head="back to back: lighter half last ÷ head",
