@@ -136,8 +136,8 @@ def test_a_table_is_built_once_per_shape_and_only_where_the_model_deals_better(m
 
 def test_a_table_copied_without_blocking_is_waited_for_once_by_the_next_call(monkeypatch):
     # the call that built it launches on the copy's stream; the next may launch on another, so it
-    # waits for the copy's event once on the host, and a capture (where the host may not wait)
-    # keeps the formula until then
+    # waits for the copy's event once on the host; a capture (where the host may not wait) takes
+    # the table without waiting: torch.cuda.graph synchronises the device before capturing
     monkeypatch.setattr(sched, "_TABLES", {})
     cpu = torch.device("cpu")
     shape = (64, 32, 128, 128, 4096, 4096, True)
@@ -150,14 +150,14 @@ def test_a_table_copied_without_blocking_is_waited_for_once_by_the_next_call(mon
 
     entry = sched._TABLES[(cpu, *shape, 132)]
     entry.copied = Copied()
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert sched.device_table(cpu, *shape, 132) is None and waits == []
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert sched.device_table(cpu, *shape, 132) is pair and waits == [1]
     assert sched.device_table(cpu, *shape, 132) is pair and waits == [1]  # once
-    # a capture after that takes the table (it is on the GPU)
+    entry.copied = Copied()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert sched.device_table(cpu, *shape, 132) is pair
+    assert sched.device_table(cpu, *shape, 132) is pair and waits == [1] and entry.copied is None
+    # a shape with no table yet keeps the formula under capture (its copy could not be captured)
+    assert sched.device_table(torch.device("cuda", 0), *shape, 132) is None
 
 
 def test_the_formula_runs_are_the_kernels_formula():

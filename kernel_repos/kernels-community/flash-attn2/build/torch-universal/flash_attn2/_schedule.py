@@ -153,23 +153,25 @@ def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n
     """The table of :func:`deal` on ``device`` and the programs to launch (its runs, at most
     ``nprog``: one per SM), built once per shape and kept; None where the call keeps the formula
     in the kernel: where the deal is the formula's, and while a CUDA graph is being captured for
-    a shape whose table is not built or not yet known to be on the GPU. Why not the formula's
+    a shape whose table is not built (its copy could not be captured). Why not the formula's
     deal from a table too: reading it measured 0.97-1.00x the formula in the kernel
     (``bench/results/repeats/fwd_schedule_ef908b9.md``).
 
     The copy to the GPU does not block: a blocking one would wait for every kernel queued before
     it. The call that built the table launches on the stream the copy went to, so it reads the
     table after the copy; the next call waits for the copy once, on the host (by then it has
-    long run), since it may launch on another stream. Raises nothing."""
+    long run), since it may launch on another stream; a capture takes the table without waiting
+    (the capture began after a device synchronisation, see below). Raises nothing."""
     key = (device, n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
     found = _TABLES.get(key, _MISSING)
     if found is None:
         return None
     if found is not _MISSING:
         if found.copied is not None:
-            if torch.cuda.is_current_stream_capturing():
-                return None  # a wait on the host is not allowed inside a capture
-            found.copied.synchronize()
+            # a capture may not wait on the host, and need not: torch.cuda.graph (and torch.compile's
+            # CUDA graphs, built on it) synchronises the device before it starts capturing
+            if not torch.cuda.is_current_stream_capturing():
+                found.copied.synchronize()
             found.copied = None
         return found.pair
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
