@@ -178,6 +178,9 @@ def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n
         return None
     if len(_TABLES) >= _TABLES_MAX:
         _TABLES.clear()
+    if n_bh * n_m > MAX_ROUNDS * nprog:  # the formula, without building its runs (a list per tile)
+        _TABLES[key] = None
+        return None
     kind, _, runs = deal(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
     if kind != "list":
         _TABLES[key] = None
