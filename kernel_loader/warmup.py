@@ -13,13 +13,14 @@ softcap, ALiBi, dropout), and for each integer argument (lengths, strides) wheth
 whether it is a multiple of 16. So warm with the head dims, dtypes and masks the job uses and with
 lengths of the same kind (multiples of 16 cover multiples of 16). The shipped kernel's Hopper forward
 also picks per shape (batch x heads x length) whether its programs read a tile table, a build of its
-own: warm with the job's batch and lengths.
+own; under warmup (``FLASH_ATTN2_WARMUP=1``, set here) it compiles both.
 """
 
 from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -109,6 +110,9 @@ def run_shape(kernel: ModuleType, shape: Shape) -> float:
 
 
 def _point_triton_at(cache_dir: Path) -> None:
+    # the shipped kernel then also compiles the builds a shape class may take at other batch sizes
+    # (its Hopper forward with and without a tile table); set before the kernel is imported
+    os.environ["FLASH_ATTN2_WARMUP"] = "1"
     try:
         from triton import knobs
     except ImportError as e:  # Triton < 3.4 has no knobs; the variable still works there

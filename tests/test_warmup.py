@@ -5,6 +5,8 @@ without a prepared folder)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kernel_loader import warmup
@@ -89,3 +91,15 @@ def test_an_unknown_project_key_is_named(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.kernel-loader.warmup]\nhead_dim = 64\n")
     with pytest.raises(warmup.WarmupError, match="unknown keys \\['head_dim'\\]"):
         warmup.project_settings(tmp_path / "kernels.lock")
+
+
+def test_a_warmup_process_asks_the_shipped_kernel_for_every_build_of_a_shape_class(tmp_path, monkeypatch):
+    # the shipped kernel's Hopper forward takes a build with or without a tile table by batch,
+    # heads and length; FLASH_ATTN2_WARMUP=1 makes it compile both, so a job's batch need not be
+    # the warmed one
+    monkeypatch.delenv("FLASH_ATTN2_WARMUP", raising=False)
+    knobs = pytest.importorskip("triton").knobs
+    monkeypatch.setattr(knobs.cache, "dir", knobs.cache.dir)  # put back after the test
+    warmup._point_triton_at(tmp_path / "cache")
+    assert knobs.cache.dir == str(tmp_path / "cache")
+    assert os.environ["FLASH_ATTN2_WARMUP"] == "1"

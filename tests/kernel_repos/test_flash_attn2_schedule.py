@@ -208,6 +208,50 @@ def test_the_forward_passes_the_table_and_its_program_count(monkeypatch):
     assert key[2] is False and grid == (2, 1, 1) and args[names.index("tiles")] is None
 
 
+def test_under_warmup_a_dense_call_also_compiles_the_build_it_did_not_take(monkeypatch):
+    # which build (with or without the table) a call takes depends on its batch: `kernel-loader
+    # warmup` sets FLASH_ATTN2_WARMUP=1 so that a cache warmed with one batch holds both
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    gf = importlib.import_module(fa.__name__ + "._gluon_fwd")
+    warmed, launched = [], []
+
+    class Recorder:
+        def __init__(self, key):
+            self.key = key
+
+        def __call__(self, grid, args, constexprs, warps, stages):
+            launched.append(self.key)
+
+        def warmup(self, args, constexprs, warps, stages):
+            warmed.append((self.key, args[gf._TILES_ARG]))
+
+    monkeypatch.setattr(gf, "_LAUNCHERS", {key: Recorder(key) for key in gf._LAUNCHERS})
+    monkeypatch.setattr(gf, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(gf, "_WARMED_DEALS", set())
+    monkeypatch.setattr(sched, "_TABLES", {})
+    q = torch.randn(4, 4096, 16, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(gf, "WARM_BOTH_DEALS", False)
+    gf.gluon_attention_forward(q, q, q, softmax_scale=0.125, causal=True)
+    assert warmed == [] and launched == [(False, 2, True)]  # not outside warmup
+    monkeypatch.setattr(gf, "WARM_BOTH_DEALS", True)
+    gf.gluon_attention_forward(q, q, q, softmax_scale=0.125, causal=True)
+    assert warmed == [((False, 2, False), None)]  # the table was taken: the formula's build compiled
+    gf.gluon_attention_forward(q, q, q, softmax_scale=0.125, causal=True)
+    assert len(warmed) == 1  # once per configuration
+    # 16 x 1024 tokens, head_dim 128, non-causal: the formula taken, the table's build compiled
+    q = torch.randn(16, 1024, 16, 128, dtype=torch.bfloat16)
+    gf.gluon_attention_forward(q, q, q, softmax_scale=0.1, causal=False)
+    (key, tiles), = warmed[1:]
+    assert key == (False, 2, True) and tiles.dtype == torch.int32 and tiles.device.type == "meta"
+    # a build that fails to compile is named in a warning; the call itself goes on
+    def broken(args, constexprs, warps, stages):
+        raise RuntimeError("ptxas died")
+    gf._LAUNCHERS[False, 2, True].warmup = broken
+    with pytest.warns(RuntimeWarning, match="with the tile table did not compile.*ptxas died"):
+        gf.gluon_attention_forward(q, q, q, softmax_scale=0.1, causal=False, store_lse=False)
+    assert launched[-1] == (False, 2, False)
+
+
 def test_the_scheduled_walk_compiles_for_sm90(tmp_path):
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     done = run_compiling_child(GLUON_FWD_SM90_CHILD, (128, 1, 0, 2, *["shipped"] * 9, "scheduled"), tmp_path)

@@ -62,8 +62,10 @@ and causal ones from 4k query tokens.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import warnings
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -1130,8 +1132,38 @@ def gluon_attention_forward(
                   head_dim in UNROLL2 if unroll2 is None else bool(unroll2),
                   head_dim in DEFERRED_STORE if deferred_store is None else bool(deferred_store),
                   head_dim in PACK_P if pack_p is None else bool(pack_p))
+    if WARM_BOTH_DEALS and persistent and not varlen:
+        _warm_other_deal(q.device, consumers, tiles is not None, args, constexprs)
     _LAUNCHERS[varlen, consumers, tiles is not None]((*grid, 1), args, constexprs, 4, 1)
     return out, lse
+
+
+# Under `kernel-loader warmup` (which sets FLASH_ATTN2_WARMUP=1): a dense persistent call also
+# compiles the build it did not take, with or without the host's tile table. Why: which one a call
+# takes depends on its batch, heads and length (_schedule.device_table), so a compile cache warmed
+# with one batch would miss the other build for a job run with another
+WARM_BOTH_DEALS = os.environ.get("FLASH_ATTN2_WARMUP", "0") == "1"
+_WARMED_DEALS: set = set()
+
+
+def _warm_other_deal(device: torch.device, consumers: int, listed: bool, args: tuple, constexprs: tuple) -> None:
+    """Compile, without launching, the dense forward's other build (see WARM_BOTH_DEALS), once per
+    configuration in a process. Raises nothing: a build that fails to compile here is named in a
+    RuntimeWarning (the call that asked goes on; a job that needs that build compiles it then)."""
+    key = (device, consumers, listed, constexprs)
+    if key in _WARMED_DEALS:
+        return
+    _WARMED_DEALS.add(key)
+    other = list(args)
+    # the table's slot: any int32 pointer compiles the same (a meta tensor: address 0, aligned)
+    other[_TILES_ARG] = None if listed else torch.empty(1, dtype=torch.int32, device="meta")
+    try:
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            _LAUNCHERS[False, consumers, not listed].warmup(tuple(other), constexprs, 4, 1)
+    except Exception as e:  # noqa: BLE001 - reported, and the call that asked is not the one failing
+        warnings.warn(f"flash-attn2 warmup: the Gluon forward's build {'without' if listed else 'with'} the tile "
+                      f"table did not compile ({type(e).__name__}: {e}); jobs whose batch takes it compile it "
+                      "on their first call", RuntimeWarning, stacklevel=3)
 
 
 # the launches through _launch's cached path, one Launcher per (packed, consumers, tile list): a
@@ -1140,3 +1172,4 @@ def gluon_attention_forward(
 # register split (maxnreg) differs with the number of consumers
 _LAUNCHERS = {(varlen, n, listed): Launcher(_gluon_attn_fwd, maxnreg=(REGS if n == 2 else REGS_3)[2])
               for varlen in (False, True) for n in (2, 3) for listed in (False, True)}
+_TILES_ARG = _gluon_attn_fwd.arg_names.index("tiles")  # its place among the launch's arguments
