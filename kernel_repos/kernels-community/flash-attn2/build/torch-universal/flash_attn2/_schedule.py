@@ -13,8 +13,8 @@ What this does instead: list scheduling in a model of that dispatch. Tiles go in
 keeps the programs running at one time on a few neighbouring heads (their K/V stays in L2: a
 head's row blocks one after another, causal ones zig-zag short/long as the formula has them),
 each to the program whose modelled work ends first; a tile costs its key blocks plus about one
-128-key block's worth for its prologue and epilogue (:func:`tile_cost`). Causal tiles differ in length, and a list that ends on long tiles leaves
-a ragged end, so the shortest tiles of every head (a few key blocks each, little to keep in L2)
+128-key block's worth for its prologue and epilogue (:func:`tile_cost`). Causal tiles differ in
+length, and a list that ends on long tiles leaves a ragged end, so the shortest tiles of every head (a few key blocks each, little to keep in L2)
 are held back and dealt last, longest first; how many is chosen by running the model on a few
 cut-offs. Non-causal tiles all cost the same, and the deal is round-robin over single tiles.
 
@@ -22,10 +22,10 @@ The result is one int32 table per shape, ``[P + 1 + tiles + 1]``: entries 0..P t
 each program's run (CSR), then the tiles as ``bh * n_m + m``, then one padding entry; the kernel
 reads its own run (``_gluon_fwd._tile``), each tile's entry while the tile before it runs (the last
 program reads the padding). Each tile is computed exactly as before, so the output is the same bits.
-Where the model finds nothing shorter than the formula's deal (equal tiles that fill the last
-round) the call keeps the formula in the kernel, compiled without the table: reading a table
-costs a little (two dependent loads as a program starts), which a deal no shorter does not pay
-back.
+Where the model finds no deal :data:`LIST_MIN_GAIN` (2 %) shorter than the formula's (equal
+tiles that fill the last round; 1k causal tokens) the call keeps the formula in the kernel,
+compiled without the table: reading a table costs a little (two dependent loads as a program
+starts), which a deal no shorter does not pay back.
 """
 
 from __future__ import annotations
