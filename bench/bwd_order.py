@@ -48,18 +48,26 @@ ROWS = [(128, 16, 16, 1024), (128, 16, 16, 4096), (128, 16, 16, 16384), (256, 16
 ORDERS = ("head", "lighter_half_last", "last_heads_by_block")  # _gluon_bwd.ORDER 0, 1, 2
 
 
-def dispatch(n_kb: int, n_bh: int, order: str, tail: int = 1) -> list:
-    """Key block index of each program in dispatch order (``_gluon_bwd._program_order``;
+def programs(n_kb: int, n_bh: int, order: str, tail: int = 1) -> list:
+    """(batch x KV head, key block) of each program in dispatch order (``_gluon_bwd._program_order``;
     ``tail``: the last heads ``last_heads_by_block`` deals key block by key block). Raises
     ValueError for an unknown order."""
     if order == "head":
-        return [j for _ in range(n_bh) for j in range(n_kb)]
+        return [(bh, j) for bh in range(n_bh) for j in range(n_kb)]
     if order == "lighter_half_last":
         heavy = n_kb - n_kb // 2
-        return [j for _ in range(n_bh) for j in range(heavy)] + [j for j in range(heavy, n_kb) for _ in range(n_bh)]
+        return ([(bh, j) for bh in range(n_bh) for j in range(heavy)]
+                + [(bh, j) for j in range(heavy, n_kb) for bh in range(n_bh)])
     if order == "last_heads_by_block":
-        return [j for _ in range(n_bh - tail) for j in range(n_kb)] + [j for j in range(n_kb) for _ in range(tail)]
+        return ([(bh, j) for bh in range(n_bh - tail) for j in range(n_kb)]
+                + [(bh, j) for j in range(n_kb) for bh in range(n_bh - tail, n_bh)])
     raise ValueError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
+
+
+def dispatch(n_kb: int, n_bh: int, order: str, tail: int = 1) -> list:
+    """Key block index of each program in dispatch order (see :func:`programs`). Raises
+    ValueError for an unknown order."""
+    return [j for _, j in programs(n_kb, n_bh, order, tail)]
 
 
 def model_overhang(n_kb: int, n_bh: int, order: str, tail: int = 1, blocks_per_key_block: int = 2,
@@ -80,24 +88,13 @@ def model_hbm_mb(n_kb: int, n_bh: int, order: str, tail: int, seqlen: int, head_
     :func:`model_overhang`, each reading its query blocks (64 rows of Q and dO for every query
     head of its group) one a time unit from its start, through an LRU cache of ``l2_bytes``.
     What it leaves out: K, V, lse and the writes (the same in every order), and the L2's own
-    policy. Raises ValueError as :func:`dispatch`."""
+    policy. Raises ValueError as :func:`programs`."""
     unit = 64 * head_dim * 2 * 2 * group
     n_qb = -(-seqlen // 64)
     per_key_block = key_block // 64
-    heads = list(range(n_bh))
-    if order == "head":
-        programs = [(bh, j) for bh in heads for j in range(n_kb)]
-    elif order == "lighter_half_last":
-        heavy = n_kb - n_kb // 2
-        programs = [(bh, j) for bh in heads for j in range(heavy)] + [(bh, j) for j in range(heavy, n_kb) for bh in heads]
-    elif order == "last_heads_by_block":
-        programs = [(bh, j) for bh in heads[:n_bh - tail] for j in range(n_kb)]
-        programs += [(bh, j) for j in range(n_kb) for bh in heads[n_bh - tail:]]
-    else:
-        raise ValueError(f"unknown order {order!r}; one of {', '.join(ORDERS)}")
     ends = [0] * sms
     reads = []
-    for bh, j in programs:
+    for bh, j in programs(n_kb, n_bh, order, tail):
         start, first = ends[0], j * per_key_block
         reads.extend((start + i - first, bh, i) for i in range(first, n_qb))
         heapq.heapreplace(ends, start + n_qb - first + 1)
