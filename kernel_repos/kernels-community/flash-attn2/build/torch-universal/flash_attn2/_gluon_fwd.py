@@ -1100,15 +1100,16 @@ def gluon_attention_forward(
         grid = (min(n_m * batch * heads, _sm_count(q.device)), 1)
     elif persistent:
         n_tiles = n_m * batch * heads
+        sms = _sm_count(q.device)
         dealt = None
         if SCHEDULE if schedule is None else schedule:
             dealt = _schedule.device_table(q.device, batch * heads, n_m, tile_m, block_n, seqlen_q, seqlen_k,
-                                           bool(causal), _sm_count(q.device))
+                                           bool(causal), sms)
         if dealt is not None:
             tiles, programs = dealt
             grid = (programs, 1)
         else:
-            grid = (min((n_tiles + 1) // 2, _sm_count(q.device)), 1)
+            grid = (min((n_tiles + 1) // 2, sms), 1)
     else:
         n_tiles = 0
         grid = (n_m, batch * heads)

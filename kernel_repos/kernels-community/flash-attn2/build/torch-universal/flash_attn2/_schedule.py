@@ -69,7 +69,7 @@ def _base_order(n_m: int, causal: bool) -> List[int]:
     return [r // 2 if r % 2 == 0 else n_m - 1 - r // 2 for r in range(n_m)]
 
 
-def _deal(tiles: Sequence[Tuple[int, int]], costs: Sequence[int], nprog: int) -> Tuple[int, List[List[int]]]:
+def _list_schedule(tiles: Sequence[Tuple[int, int]], costs: Sequence[int], nprog: int) -> Tuple[int, List[List[int]]]:
     """List scheduling of ``tiles`` (``(bh, m)`` in order) over ``nprog`` programs: each to the one
     whose modelled work ends first (ties: the lower program). Returns (makespan, runs)."""
     ends = [(0, p) for p in range(nprog)]
@@ -81,14 +81,11 @@ def _deal(tiles: Sequence[Tuple[int, int]], costs: Sequence[int], nprog: int) ->
     return max(end for end, _ in ends), runs
 
 
-def assignment(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
-               nprog: int) -> Tuple[int, List[List[Tuple[int, int]]]]:
-    """Each program's tiles, ``(bh, m)`` in walking order, and the modelled makespan (the sum of
-    :func:`tile_cost`). Raises ValueError for an empty shape or no programs."""
-    if n_bh <= 0 or n_m <= 0 or nprog <= 0:
-        raise ValueError(f"no tiles to deal: {n_bh} heads x {n_m} row blocks over {nprog} programs")
-    costs = [tile_cost(m, tile_m, block_n, seqlen_q, seqlen_k, causal) for m in range(n_m)]
-    order = _base_order(n_m, causal)
+def _assign(costs: Sequence[int], n_bh: int, causal: bool, nprog: int) -> Tuple[int, List[List[Tuple[int, int]]]]:
+    """:func:`assignment` given each row block's :func:`tile_cost`."""
+    if n_bh <= 0 or not costs or nprog <= 0:
+        raise ValueError(f"no tiles to deal: {n_bh} heads x {len(costs)} row blocks over {nprog} programs")
+    order = _base_order(len(costs), causal)
     best = None
     for share in (_HOLD_BACK if causal else (0.0,)):
         cut = int(share * max(costs))
@@ -96,10 +93,21 @@ def assignment(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, se
         # the held-back short tiles, longest first, the heads in order within one length
         held = sorted(((bh, m) for bh in range(n_bh) for m in order if costs[m] <= cut),
                       key=lambda t: -costs[t[1]])
-        span, runs = _deal(main + held, costs, nprog)
+        span, runs = _list_schedule(main + held, costs, nprog)
         if best is None or span < best[0]:
             best = (span, runs)
     return best
+
+
+def _costs(n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool) -> List[int]:
+    return [tile_cost(m, tile_m, block_n, seqlen_q, seqlen_k, causal) for m in range(n_m)]
+
+
+def assignment(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
+               nprog: int) -> Tuple[int, List[List[Tuple[int, int]]]]:
+    """Each program's tiles, ``(bh, m)`` in walking order, and the modelled makespan (the sum of
+    :func:`tile_cost`). Raises ValueError for an empty shape or no programs."""
+    return _assign(_costs(n_m, tile_m, block_n, seqlen_q, seqlen_k, causal), n_bh, causal, nprog)
 
 
 def formula_runs(n_bh: int, n_m: int, causal: bool, nprog: int) -> List[List[Tuple[int, int]]]:
@@ -115,16 +123,17 @@ def formula_runs(n_bh: int, n_m: int, causal: bool, nprog: int) -> List[List[Tup
 def deal(n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int, seqlen_k: int, causal: bool,
          nprog: int) -> Tuple[str, int, List[List[Tuple[int, int]]]]:
     """The deal a call takes: ``("list", makespan, runs)`` where :func:`assignment` models a
-    makespan at least :data:`LIST_MIN_GAIN` times shorter than the formula's, else ``("formula", makespan, runs)``; beyond :data:`MAX_ROUNDS` tiles a
-    program the formula's without modelling (makespan 0). Every run holds a tile: the formula's
+    makespan at least :data:`LIST_MIN_GAIN` times shorter than the formula's, else
+    ``("formula", makespan, runs)``; beyond :data:`MAX_ROUNDS` tiles a program the formula's
+    without modelling (makespan 0). Every run holds a tile: the formula's
     deal is over min(pairs, ``nprog``) programs, as its launch is. Raises ValueError as
     :func:`assignment`."""
     pairs = min((n_bh * n_m + 1) // 2, nprog)
     if n_bh * n_m > MAX_ROUNDS * nprog:
         return "formula", 0, formula_runs(n_bh, n_m, causal, pairs)
-    span, runs = assignment(n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, min(n_bh * n_m, nprog))
+    costs = _costs(n_m, tile_m, block_n, seqlen_q, seqlen_k, causal)
+    span, runs = _assign(costs, n_bh, causal, min(n_bh * n_m, nprog))
     formula = formula_runs(n_bh, n_m, causal, pairs)
-    costs = [tile_cost(m, tile_m, block_n, seqlen_q, seqlen_k, causal) for m in range(n_m)]
     formula_span = max(sum(costs[m] for _, m in run) for run in formula)
     return ("list", span, runs) if span * LIST_MIN_GAIN < formula_span else ("formula", formula_span, formula)
 
