@@ -490,14 +490,15 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, 
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     c = 0  # key blocks this program has streamed: the ring's position
-    e = 0  # dense calls with the host's table: the next tile's entry, read a tile ahead
-    if PERSISTENT and not VARLEN and tiles is not None:
+    LISTED: gl.constexpr = PERSISTENT and not VARLEN and tiles is not None  # a dense call with the host's table
+    e = 0  # LISTED: the next tile's entry, read a tile ahead
+    if LISTED:
         run = _run(tiles)
         e = gl.load(tiles + run)
     for i in range(my_n):
         off_m, tb, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
                                                      tiles, e, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
-        if PERSISTENT and not VARLEN and tiles is not None:
+        if LISTED:
             # issued now, waited for at the next tile: a load at the tile's start stalled the
             # walk by its latency every tile (the last program reads the table's padding)
             e = gl.load(tiles + run + i + 1)
@@ -661,14 +662,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
     # DEFERRED_STORE: the previous tile's output copy is waited for inside the next tile
     DEFER: gl.constexpr = DEFERRED_STORE and QBUF == 2 and not VARLEN
     prev_qi = 0  # the Q/O buffer whose output copy is in flight (DEFER)
-    e = 0  # dense calls with the host's table: the next tile's entry, read a tile ahead
-    if PERSISTENT and not VARLEN and tiles is not None:
+    LISTED: gl.constexpr = PERSISTENT and not VARLEN and tiles is not None  # as in _producer
+    e = 0
+    if LISTED:
         run = _run(tiles)
         e = gl.load(tiles + run)
     for i in range(my_n):
         off_m, b, h, q_row0, k_row0, sq, sk = _tile(i, seqlen_q, seqlen_k, heads, n_m, cu_seqlens_q, cu_seqlens_k,
                                                     tiles, e, CAUSAL, VARLEN, PERSISTENT, CONSUMERS * ROWS)
-        if PERSISTENT and not VARLEN and tiles is not None:
+        if LISTED:
             e = gl.load(tiles + run + i + 1)  # the next tile's, as in _producer
         n_end = _key_blocks(off_m, sq, sk, CONSUMERS * ROWS, BLOCK_N, CAUSAL)
         row0 = off_m + W * ROWS
