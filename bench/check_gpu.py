@@ -3,7 +3,9 @@ copy of the package (``--baseline``: a kernel repo folder, e.g. the previous com
 same run. Every output and gradient of the two is compared element by element. The calls
 compiled with torch.compile are compared with the same calls eager (``check_compiled``), and the
 packed Gluon forward walking a tile list with the same call one program a tile
-(``check_packed_walk``).
+(``check_packed_walk``). The dense Gluon forward walking the host's tile table is compared with
+the formula's deal bit for bit (``check_scheduled_walk``), also where the table is handed to
+another stream or to a CUDA graph capture (``check_table_handoff``).
 
 Writes ``bench/results/check_gpu.md`` and ``.json``; exits 1 when a check fails::
 
@@ -323,6 +325,69 @@ def check_scheduled_walk(fa) -> list:
     return rows
 
 
+def check_table_handoff(fa) -> list:
+    """Rows: the tile table on its way to the GPU (``_schedule.device_table``), each result equal
+    bit for bit to the formula's deal. 'side-stream': the call that builds the table launches on
+    one stream and a second call at once on another (it must wait for the table's copy);
+    'graph-with-table': a CUDA graph captured right after the call that built the table (the
+    capture takes it without waiting), replayed on new inputs; 'graph-without-table': a capture of a shape with no table yet (the
+    capture keeps the formula), replayed, and the eager call after it builds the table. Raises
+    what the kernel raises."""
+    import importlib
+
+    import torch
+
+    gf = importlib.import_module(fa.__name__ + "._gluon_fwd")
+    sched = importlib.import_module(fa.__name__ + "._schedule")
+    torch.manual_seed(7)
+    d, b, s, h = 128, 4, 4096, 16  # a shape the model deals ("list"), as in check_scheduled_walk
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    run = lambda schedule: gf.gluon_attention_forward(  # noqa: E731
+        q, k, v, softmax_scale=d ** -0.5, causal=True, schedule=schedule)
+    built = lambda: any(t is not None for t in sched._TABLES.values())  # noqa: E731
+    formula = run(False)
+    rows = []
+
+    sched._TABLES.clear()
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(first):
+        a = run(True)
+    with torch.cuda.stream(second):
+        c = run(True)
+    torch.cuda.synchronize()
+    same = all(torch.equal(x, y) for got in (a, c) for x, y in zip(got, formula))
+    rows.append(dict(case="table-side-stream", passed=same and built()))
+
+    def replayed() -> tuple:
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph):
+                static = run(True)
+        torch.cuda.current_stream().wait_stream(stream)
+        q.copy_(torch.randn_like(q))  # new inputs, read by the replay
+        graph.replay()
+        torch.cuda.synchronize()
+        return static
+
+    sched._TABLES.clear()
+    run(True)  # builds the table; its copy not yet waited for when the capture takes it
+    got = replayed()
+    want = run(False)
+    rows.append(dict(case="table-graph-with-table", passed=built() and all(
+        torch.equal(x, y) for x, y in zip(got, want))))
+    sched._TABLES.clear()
+    got = replayed()
+    want = run(False)
+    kept_formula = not built()
+    again = run(True)  # eager: now the table is built
+    rows.append(dict(case="table-graph-without-table", passed=kept_formula and built() and all(
+        torch.equal(x, y) for pair in ((got, want), (again, want)) for x, y in zip(*pair))))
+    return rows
+
+
 def main() -> None:
     parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--quick", action="store_true", help="the cases marked QUICK only (each case compiles)")
@@ -345,6 +410,10 @@ def main() -> None:
         rows += check_scheduled_walk(kernels["ours"])
     except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
         rows.append(dict(case="scheduled-walk", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
+    try:
+        rows += check_table_handoff(kernels["ours"])
+    except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
+        rows.append(dict(case="table-handoff", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
     columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2 (compiled: equal)",
                    max_abs_diff_vs_eager=("compiled: max |compiled - eager|; packed walk: max |walk - per tile|; "
                                           "scheduled walk: max |table - formula|"),

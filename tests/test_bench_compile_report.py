@@ -80,3 +80,24 @@ def test_triton_compiles_are_timed_by_stage_on_the_thread_that_ran_them(tmp_path
     assert stages <= whole["caller_s"]  # the stages run inside the compile
     # the compiler hash is computed once (Triton caches it), by whichever compile came first
     assert rows["Triton's compiler hash"]["calls"] >= 1
+
+
+def test_the_other_batch_row_reads_the_forwards_other_build():
+    """The prepared folder is warmed at the first-call shape's batch; the second prepared row's
+    batch must take the other build of the forward (the tile table) on an H100's 132 SMs, or the
+    row would not show that warmup compiled it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "kernel_repos"))
+    import importlib
+
+    from flash_ref import load_flash_attn2
+
+    name = load_flash_attn2().__name__
+    sched, gf = (importlib.import_module(f"{name}.{m}") for m in ("_schedule", "_gluon_fwd"))
+    s = phases.SHAPE
+    preset = gf.call_choices(s["head_dim"], s["causal"], False) or {}
+    tile_m = (preset.get("consumers") or gf.CONSUMERS.get(s["head_dim"], 2)) * gf.ROWS
+    block_n = gf.call_tile(s["head_dim"], s["causal"], s["seq"], False)[0]
+    n_m = -(-s["seq"] // tile_m)
+    kinds = [sched.deal(batch * s["heads"], n_m, tile_m, block_n, s["seq"], s["seq"], s["causal"], 132)[0]
+             for batch in (s["batch"], phases.OTHER_BATCH)]
+    assert kinds == ["formula", "list"]
