@@ -6,10 +6,10 @@ order. A causal key block's program reads the query blocks from its diagonal on,
 programs run from long (the first key block) to short, and a call whose grid ends on the last
 heads' programs ends ragged. The orders:
 
-* ``head``: every head's programs one after another (the shipped order);
+* ``head``: every head's programs one after another;
 * ``lighter_half_last``: every head's lighter half of key blocks after all heads' heavier halves;
 * ``last_heads_by_block``: head order, but the last heads whose Q and dO fit in
-  ``_gluon_bwd.TAIL_BYTES`` (16 MB) key block by key block.
+  ``_gluon_bwd.TAIL_BYTES`` (16 MB) key block by key block (the shipped order).
 
 Model (list scheduling over 132 SMs, a program costing its query blocks plus one;
 ``model_overhang``): head order 7 % over balance at 1k and 4k tokens, 14 % at head_dim 64 GQA 2k,
@@ -22,7 +22,8 @@ dO read through a 50 MB LRU cache in the dispatch model's timing): head order an
 by block read each block of Q and dO from memory once (134 MB at head_dim 128, 268 at 256); the
 lighter half last 1.7-2.1x that at head_dim 128 and 7.4x at 256, the order of its measured
 losses. Prediction for the last heads by block: 2-5 % faster where head order's modelled
-overhang is 7 % or more, no change at 16k.
+overhang is 7 % or more, no change at 16k; measured (``bench/results/bwd_order.md``) 1.03x at 1k,
+1.05x at 4k, 1.06x at GQA 2k, 1.01x at 16k and at head_dim 256, 1.02x at head_dim 64 4k.
 
 Each row checks dK and dV bit for bit and dQ within 1e-2 (relative) between each order and head
 order (dQ's fp32 reduce-adds land in another order), then times them and cuDNN: ``do_bench``

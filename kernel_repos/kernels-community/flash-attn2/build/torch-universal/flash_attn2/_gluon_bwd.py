@@ -120,9 +120,11 @@ STORE_DKDV_BY_TMA = True
 # LAST_HEADS_BY_BLOCK: head order, but the last heads whose Q / dO fit in TAIL_BYTES of L2 go key
 # block by key block (their heaviest programs first), so the call ends on light programs while
 # what runs side by side still shares one small set of heads; modelled 1.2 % over balance at 1k,
-# 2.2 % at 4k, 1.2 % at head_dim 256, 3.8 % at GQA 2k. Not timed yet, so not the default.
+# 2.2 % at 4k, 1.2 % at head_dim 256, 3.8 % at GQA 2k, and the same Q / dO bytes from memory as
+# head order; measured forward+backward 1.03x head order at 1k, 1.05x at 4k, 1.01x at 16k and at
+# head_dim 256, 1.06x at head_dim 64 GQA 2k, dK / dV the same bits (bench/results/bwd_order.md).
 HEAD_ORDER, LIGHTER_HALF_LAST, LAST_HEADS_BY_BLOCK = 0, 1, 2
-ORDER = HEAD_ORDER
+ORDER = LAST_HEADS_BY_BLOCK
 TAIL_BYTES = 16 * 1024 * 1024  # the last heads' Q and dO (bf16) that LAST_HEADS_BY_BLOCK keeps in L2 at once
 _TAIL_BYTES = gl.constexpr(TAIL_BYTES)  # the same, as the kernel reads it
 
