@@ -139,25 +139,72 @@ def test_a_table_copied_without_blocking_is_waited_for_once_by_the_next_call(mon
     # waits for the copy's event once on the host; a capture (where the host may not wait) takes
     # the table without waiting: torch.cuda.graph synchronises the device before capturing
     monkeypatch.setattr(sched, "_TABLES", {})
-    cpu = torch.device("cpu")
+    cuda = torch.device("cuda", 0)
     shape = (64, 32, 128, 128, 4096, 4096, True)
-    pair = sched.device_table(cpu, *shape, 132)
     waits = []
 
     class Copied:
         def synchronize(self):
             waits.append(1)
 
-    entry = sched._TABLES[(cpu, *shape, 132)]
-    entry.copied = Copied()
+    entry = sched._TABLES[(cuda, *shape, 132)] = sched._Table((torch.zeros(3, dtype=torch.int32), 2), Copied())
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert sched.device_table(cpu, *shape, 132) is pair and waits == [1]
-    assert sched.device_table(cpu, *shape, 132) is pair and waits == [1]  # once
+    assert sched.device_table(cuda, *shape, 132) is entry.pair and waits == [1]
+    assert sched.device_table(cuda, *shape, 132) is entry.pair and waits == [1]  # once
+    assert not entry.captured
     entry.copied = Copied()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert sched.device_table(cpu, *shape, 132) is pair and waits == [1] and entry.copied is None
+    assert sched.device_table(cuda, *shape, 132) is entry.pair and waits == [1] and entry.copied is None
+    assert entry.captured  # a graph reads it from now on
     # a shape with no table yet keeps the formula under capture (its copy could not be captured)
-    assert sched.device_table(torch.device("cuda", 0), *shape, 132) is None
+    assert sched.device_table(cuda, 63, *shape[1:], 132) is None and len(sched._TABLES) == 1
+
+
+def test_a_table_a_capture_took_outlives_the_cache_of_shapes(monkeypatch):
+    # a CUDA graph reads the table at every replay: clearing the shapes cache must not free it
+    monkeypatch.setattr(sched, "_TABLES", {})
+    monkeypatch.setattr(sched, "_CAPTURED", [])
+    monkeypatch.setattr(sched, "_TABLES_MAX", 2)
+    cpu = torch.device("cpu")
+    shapes = [(62 + i, 32, 128, 128, 4096, 4096, True) for i in range(3)]  # each dealt by the model
+    for shape in shapes[:2]:
+        assert sched.device_table(cpu, *shape, 132) is not None
+    taken = sched._TABLES[(cpu, *shapes[0], 132)]
+    taken.captured = True
+    sched.device_table(cpu, *shapes[2], 132)  # the cache is full: cleared first
+    assert list(sched._TABLES) == [(cpu, *shapes[2], 132)]
+    assert sched._CAPTURED == [taken]
+
+
+def test_a_gpu_table_is_built_on_a_thread_of_its_own(monkeypatch):
+    # torch.compile's CUDA graphs take the calling thread's allocations into the graph's pool
+    # while they warm a graph up, and refuse a kept tensor there; the table's thread allocates
+    # from the ordinary pool. What the build raises reaches the caller, and nothing is kept.
+    import threading
+
+    monkeypatch.setattr(sched, "_TABLES", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the caller's stream")
+    seen = []
+
+    def to_gpu(host, device, stream, programs):
+        seen.append((threading.current_thread(), stream, programs))
+        return sched._Table((host, programs), None)
+
+    monkeypatch.setattr(sched, "_to_gpu", to_gpu)
+    cuda = torch.device("cuda", 0)
+    shape = (64, 32, 128, 128, 4096, 4096, True)
+    tensor, programs = sched.device_table(cuda, *shape, 132)
+    assert tensor.tolist() == _table(shape, 132)[0] and programs == 132
+    assert seen[0][0] is not threading.current_thread() and seen[0][1:] == ("the caller's stream", 132)
+
+    def fails(*args):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(sched, "_to_gpu", fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        sched.device_table(cuda, 63, *shape[1:], 132)  # a shape the model deals too
+    assert len(sched._TABLES) == 1
 
 
 def test_the_formula_runs_are_the_kernels_formula():

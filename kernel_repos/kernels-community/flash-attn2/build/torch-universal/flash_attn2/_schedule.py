@@ -31,7 +31,8 @@ starts), which a deal no shorter does not pay back.
 from __future__ import annotations
 
 import heapq
-from typing import Any, List, Optional, Sequence, Tuple
+import threading
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -46,6 +47,8 @@ _HOLD_BACK = (0.0, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 5 / 16)
 # 0.98-0.99x (bench/results/fwd_schedule.md), where the modelled 1.03x at 4k-16k measured 1.01-1.05x
 LIST_MIN_GAIN = 1.02
 _TABLES: dict = {}
+# tables a CUDA graph capture took, kept for the life of the process once the shapes cache is cleared
+_CAPTURED: list = []
 _TABLES_MAX = 256  # shapes kept per process (a table is a few KB on the GPU)
 
 
@@ -149,12 +152,13 @@ def table(runs: Sequence[Sequence[Tuple[int, int]]], n_m: int) -> List[int]:
 
 class _Table:
     """One shape's table on its device: ``pair`` is (tensor, programs); ``copied`` the event
-    recorded after the copy to the GPU, until some call has waited for it (None after)."""
+    recorded after the copy to the GPU, until some call has waited for it (None after);
+    ``captured``: a CUDA graph capture took it (the graph reads it at every replay)."""
 
-    __slots__ = ("pair", "copied")
+    __slots__ = ("pair", "copied", "captured")
 
     def __init__(self, pair: Tuple[torch.Tensor, int], copied: Any) -> None:
-        self.pair, self.copied = pair, copied
+        self.pair, self.copied, self.captured = pair, copied, False
 
 
 def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n: int, seqlen_q: int,
@@ -170,22 +174,28 @@ def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n
     it. The call that built the table launches on the stream the copy went to, so it reads the
     table after the copy; the next call waits for the copy once, on the host (by then it has
     long run), since it may launch on another stream; a capture takes the table without waiting
-    (the capture began after a device synchronisation, see below). Raises nothing."""
+    (the capture began after a device synchronisation, see below). A table a capture took is
+    never freed (the graph reads it at every replay), also when the cache of shapes is cleared.
+    Raises what building the table on the device raises (out of memory)."""
     key = (device, n_bh, n_m, tile_m, block_n, seqlen_q, seqlen_k, causal, nprog)
     found = _TABLES.get(key, _MISSING)
     if found is None:
         return None
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if found is not _MISSING:
+        if capturing:
+            found.captured = True
         if found.copied is not None:
             # a capture may not wait on the host, and need not: torch.cuda.graph (and torch.compile's
             # CUDA graphs, built on it) synchronises the device before it starts capturing
-            if not torch.cuda.is_current_stream_capturing():
+            if not capturing:
                 found.copied.synchronize()
             found.copied = None
         return found.pair
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing:
         return None
     if len(_TABLES) >= _TABLES_MAX:
+        _CAPTURED.extend(t for t in _TABLES.values() if t is not None and t.captured)
         _TABLES.clear()
     if n_bh * n_m > MAX_ROUNDS * nprog:  # the formula, without building its runs (a list per tile)
         _TABLES[key] = None
@@ -195,21 +205,55 @@ def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n
         _TABLES[key] = None
         return None
     host = torch.tensor(table(runs, n_m), dtype=torch.int32)
-    copied = None
     if device.type == "cuda":
+        stream = torch.cuda.current_stream(device)
+        entry = _on_another_thread(lambda: _to_gpu(host, device, stream, len(runs)))
+    else:
+        entry = _Table((host.to(device), len(runs)), None)
+    _TABLES[key] = entry
+    return entry.pair
+
+
+def _to_gpu(host: torch.Tensor, device: torch.device, stream: Any, programs: int) -> _Table:
+    # the copy goes on the caller's stream, ahead of the launch that reads it
+    with torch.cuda.device(device), torch.cuda.stream(stream):
         try:
             host = host.pin_memory()
         except RuntimeError:  # no page-locked memory to be had: the copy blocks instead
             pass
         tensor = host.to(device, non_blocking=host.is_pinned())
+        copied = None
         if host.is_pinned():
             # the caching host allocator keeps the pinned buffer until the copy has run
             copied = torch.cuda.Event()
-            copied.record(torch.cuda.current_stream(device))  # the copy's stream: the device's current one
-    else:
-        tensor = host.to(device)
-    entry = _TABLES[key] = _Table((tensor, len(runs)), copied)
-    return entry.pair
+            copied.record(stream)
+    return _Table((tensor, programs), copied)
+
+
+def _on_another_thread(build: Callable[[], _Table]) -> _Table:
+    """``build()`` run on a thread of its own, the caller waiting for it.
+
+    Why a thread: torch.compile's CUDA graphs (cudagraph trees) run a graph's first calls eagerly
+    with every allocation of the calling thread taken from the graph's private memory pool, and
+    refuse to record the graph while a tensor in that pool is not one of its outputs ("tensor(s)
+    in the cudagraph pool not tracked as outputs"). The kept table is such a tensor where the
+    calling thread allocates it; allocated on another thread it comes from the ordinary pool.
+    Once per shape, so the thread's start (tens of µs) is paid once. Raises what ``build`` raises."""
+    done: list = []
+
+    def run() -> None:
+        try:
+            done.append((build(), None))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller as it is
+            done.append((None, e))
+
+    worker = threading.Thread(target=run, name="flash_attn2-tile-table")
+    worker.start()
+    worker.join()
+    entry, error = done[0]
+    if error is not None:
+        raise error
+    return entry
 
 
 _MISSING = object()
