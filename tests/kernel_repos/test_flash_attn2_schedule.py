@@ -148,6 +148,7 @@ def test_a_table_copied_without_blocking_is_waited_for_once_by_the_next_call(mon
             waits.append(1)
 
     entry = sched._TABLES[(cuda, *shape, 132)] = sched._Table((torch.zeros(3, dtype=torch.int32), 2), Copied())
+    monkeypatch.setattr(sched, "_current_stream", lambda device: 1234)  # not the default stream: asked
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert sched.device_table(cuda, *shape, 132) is entry.pair and waits == [1]
     assert sched.device_table(cuda, *shape, 132) is entry.pair and waits == [1]  # once
@@ -185,6 +186,7 @@ def test_a_gpu_table_is_built_on_a_thread_of_its_own(monkeypatch):
     monkeypatch.setattr(sched, "_TABLES", {})
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the caller's stream")
+    monkeypatch.setattr(sched, "_current_stream", lambda device: 0)
     seen = []
 
     def to_gpu(host, device, stream, programs):

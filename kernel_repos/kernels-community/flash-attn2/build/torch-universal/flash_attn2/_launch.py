@@ -103,6 +103,24 @@ def _constexpr_positions(fn: Any) -> list:
     return [i for i, p in enumerate(params) if "constexpr" in str(p.annotation)]
 
 
+def current_stream(device: torch.device) -> int:
+    """The raw handle of ``device``'s current CUDA stream (0: the default stream). Raises what
+    torch raises without CUDA."""
+    return torch._C._cuda_getCurrentRawStream(device.index)
+
+
+def capturing(stream: int) -> bool:
+    """Whether a CUDA graph is being captured on the current stream, ``stream``
+    (:func:`current_stream`). Raises nothing.
+
+    Stream 0, the default stream eager code runs on, is answered without asking the driver:
+    CUDA refuses to begin a capture there (and PyTorch's graphs ask for another stream), while
+    the question costs ~2.7 us of host time a call (bench/results/decode_host.md), which paces
+    eager decoding.
+    """
+    return stream != 0 and torch.cuda.is_current_stream_capturing()
+
+
 _KNOBS: Any = None
 
 

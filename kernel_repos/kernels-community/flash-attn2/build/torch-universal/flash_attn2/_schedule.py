@@ -36,6 +36,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ._launch import capturing as _capturing
+from ._launch import current_stream as _current_stream
+
 # Beyond this many tiles a program (rounds), the formula's ragged last round costs at most ~1/64
 # of the call and the model's run on the host (a few ms per thousand tiles, once per shape) is
 # not worth it: such calls keep the formula
@@ -181,7 +184,9 @@ def device_table(device: torch.device, n_bh: int, n_m: int, tile_m: int, block_n
     found = _TABLES.get(key, _MISSING)
     if found is None:
         return None
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    # asked on every call (a capture may take a kept table at any time), but not of the driver on
+    # the default stream, where no capture runs (_launch.capturing)
+    capturing = device.type == "cuda" and _capturing(_current_stream(device))
     if found is not _MISSING:
         if capturing:
             found.captured = True
@@ -238,7 +243,8 @@ def _on_another_thread(build: Callable[[], _Table]) -> _Table:
     refuse to record the graph while a tensor in that pool is not one of its outputs ("tensor(s)
     in the cudagraph pool not tracked as outputs"). The kept table is such a tensor where the
     calling thread allocates it; allocated on another thread it comes from the ordinary pool.
-    Once per shape, so the thread's start (tens of µs) is paid once. Raises what ``build`` raises."""
+    Once per shape, so the thread's start (tens of µs) is paid once; not on the compile pool
+    (``_launch``), whose threads may be busy compiling for seconds. Raises what ``build`` raises."""
     done: list = []
 
     def run() -> None:

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 
 from ._launch import Launcher
+from ._launch import capturing as _capturing
+from ._launch import current_stream as _current_stream
 from ._triton_fwd import capability_of as _capability
 from ._triton_fwd import next_pow2_dim
 
@@ -477,22 +479,6 @@ MERGE_CHUNK = 1
 # its tile's counter back to zero. One buffer per stream, so calls that run at the same time on
 # two streams never count on the same counters; it only grows.
 _COUNTERS: dict = {}
-
-
-def _current_stream(device: torch.device) -> int:
-    return torch._C._cuda_getCurrentRawStream(device.index)
-
-
-def _capturing(stream: int) -> bool:
-    """Whether a CUDA graph is being captured on the current stream, ``stream``
-    (:func:`_current_stream`). Raises nothing.
-
-    Stream 0, the default stream eager code runs on, is answered without asking the driver:
-    CUDA refuses to begin a capture there (and PyTorch's graphs ask for another stream), while
-    the question costs ~2.7 us of host time a call (bench/results/decode_host.md), which paces
-    eager decoding.
-    """
-    return stream != 0 and torch.cuda.is_current_stream_capturing()
 
 
 def _arrival_counters(device: torch.device, n: int, stream: int, capturing: bool) -> torch.Tensor:
