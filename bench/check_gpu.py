@@ -398,22 +398,12 @@ def main() -> None:
         _guarded(check_decode, kernels, c) for c in pick(DECODE)]
     rows.append(_guarded(lambda kernels, case: check_decode_heads_first(kernels["ours"]), kernels,
                          ("decode-heads-first-gqa",)))
-    try:
-        rows += check_compiled(kernels["ours"])
-    except Exception as e:  # noqa: BLE001 - a compile that fails is this check's result
-        rows.append(dict(case="compiled", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
-    try:
-        rows += check_packed_walk(kernels["ours"])
-    except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
-        rows.append(dict(case="packed-walk", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
-    try:
-        rows += check_scheduled_walk(kernels["ours"])
-    except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
-        rows.append(dict(case="scheduled-walk", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
-    try:
-        rows += check_table_handoff(kernels["ours"])
-    except Exception as e:  # noqa: BLE001 - a kernel that fails is this check's result
-        rows.append(dict(case="table-handoff", passed=False, error=f"{type(e).__name__}: {e}"[:300]))
+    for case, check in (("compiled", check_compiled), ("packed-walk", check_packed_walk),
+                        ("scheduled-walk", check_scheduled_walk), ("table-handoff", check_table_handoff)):
+        try:
+            rows += check(kernels["ours"])
+        except Exception as e:  # noqa: BLE001 - a compile or kernel that fails is this check's result
+            rows.append(dict(case=case, passed=False, error=f"{type(e).__name__}: {e}"[:300]))
     columns = dict(case="case", out="out", dq="dq", dk="dk", dv="dv", passed="within 2e-2 (compiled: equal)",
                    max_abs_diff_vs_eager=("compiled: max |compiled - eager|; packed walk: max |walk - per tile|; "
                                           "scheduled walk: max |table - formula|"),
