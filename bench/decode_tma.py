@@ -17,6 +17,10 @@ decode loop runs) in interleaved rounds beside the shipped calls and SDPA cuDNN 
 cache. Writes ``bench/results/decode_tma.md`` and ``.json``::
 
     python bench/decode_tma.py [--tiles 128x4x2,64x4x4]
+
+The shipped calls are timed as shipped (whole blocks without key masks,
+``_triton_decode.WHOLE_BLOCKS``), with every block masked, and, paged, with one table entry a
+block at 4k too (``PRELOAD_MAX`` 0), the probe's way of finding pages.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ import triton.language as tl
 BATCH, HQ, HK, D, PAGE = harness.DECODE_SHAPE
 GROUP = HQ // HK
 BLOCK_M = 16  # the group's 4 query heads padded to the smallest tensor-core tile
-# (BLOCK_N, warps, stages); the first is the shipped one-slice tile (ONE_SPLIT_CONFIG_SM90). Each
-# leaves room for two programs a SM (offline sm90 compile: 70-102 KB of shared memory), so the 256
-# programs run in one wave; 128 keys in 3 stages take 136 KB and would run in two
-TILES = ((128, 4, 2), (64, 4, 4), (64, 4, 3), (128, 8, 2))
+# (BLOCK_N, warps, stages, TMA too); the first is the shipped one-slice tile (ONE_SPLIT_CONFIG_SM90).
+# Each leaves room for two programs a SM (offline sm90 compile: 70-102 KB of shared memory), so the
+# 256 programs run in one wave; 128 keys in 3 stages take 136 KB and would run in two
+TILES = ((128, 4, 2, True), (64, 4, 3, False))
 ROUNDS, CALLS = 12, 20
 _LOG2E = 1.4426950408889634
 
@@ -143,26 +147,35 @@ def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--tiles", help="comma-separated BLOCK_NxWARPSxSTAGES tiles (default: TILES)")
     args = parser.parse_args()
-    tiles = tuple(tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",")) if args.tiles else TILES
+    tiles = tuple(tuple(int(x) for x in t.split("x")) + (True,) for t in args.tiles.split(",")) \
+        if args.tiles else TILES
+    import importlib
+
     import torch
     from torch.nn.attention import SDPBackend
 
     fa = harness.shipped_kernel()
+    decode = importlib.import_module(fa.__name__ + "._triton_decode")
     harness.warm_gpu()
     rows = []
     for ctx in harness.DECODE_CONTEXTS:
         kv_bytes = 2 * BATCH * ctx * HK * D * 2
         q, k, v, lens, kp, vp, table = harness.decode_inputs(ctx)
-        runs = {"shipped paged": lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table),
-                "shipped contiguous": lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)}
-        for tile in tiles:
+        paged = lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table)  # noqa: E731
+        contiguous = lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)  # noqa: E731
+        runs = {"shipped paged": paged, "shipped contiguous": contiguous,
+                "shipped paged, every block masked": lambda: harness.with_setting(decode, "WHOLE_BLOCKS", False, paged),
+                "shipped contiguous, every block masked": lambda: harness.with_setting(
+                    decode, "WHOLE_BLOCKS", False, contiguous),
+                "shipped paged, an entry a block": lambda: harness.with_setting(decode, "PRELOAD_MAX", 0, paged)}
+        for *tile, with_tma in tiles:
             name = "x".join(map(str, tile))
-            for tma in (True, False):
+            for tma in (True, False) if with_tma else (False,):
                 how = "tma" if tma else "ptr"
                 runs[f"{how} paged {name}"] = probe(q, kp.view(-1, HK * D), vp.view(-1, HK * D), table, ctx, 0,
-                                                    tile, tma)
+                                                    tuple(tile), tma)
                 runs[f"{how} contiguous {name}"] = probe(q, k.view(-1, HK * D), v.view(-1, HK * D), None, ctx, ctx,
-                                                         tile, tma)
+                                                         tuple(tile), tma)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         runs["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
         want = runs["shipped contiguous"]().float()
@@ -182,7 +195,9 @@ def main() -> None:
                      max_error="max |out - shipped contiguous|"),
         out_dir=args.out, commit=args.commit,
         notes=["'tma' / 'ptr': the probe kernel (one slice a row, BLOCK_N x warps x stages as named) copying K/V "
-               "by TMA or by pointer loads; 'shipped': flash_attn_with_kvcache; cuDNN reads the contiguous cache. "
+               "by TMA or by pointer loads; 'shipped': flash_attn_with_kvcache as shipped, with every block masked "
+               "(WHOLE_BLOCKS off), or paged with one table entry a block at 4k too (PRELOAD_MAX 0); cuDNN reads "
+               "the contiguous cache. "
                f"TB/s of K+V read. {CALLS} calls back to back between two CUDA events (no L2 flush), {ROUNDS} "
                "interleaved rounds; the ratio is the median of the per-round ratios with a 95 % bootstrap "
                "interval."])
