@@ -39,13 +39,16 @@ BLOCK_M = 16  # the group's 4 query heads padded to the smallest tensor-core til
 # 256 programs run in one wave; 128 keys in 3 stages take 136 KB and would run in two
 TILES = ((128, 4, 2, True), (64, 4, 3, False))
 ROUNDS, CALLS = 12, 20
+# the shipped kernel's ways the probe can take, each alone and all together (probe()'s options)
+SHIPPED_WAYS = {"+lens": dict(lens=True), "+grid3": dict(grid3=True), "+stride": dict(runtime_stride=True),
+                "+all three": dict(lens=True, grid3=True, runtime_stride=True)}
 _LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2, start, page, m_i, l_i, acc,
-                 HK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, TMA: tl.constexpr,
-                 MASKED: tl.constexpr):
+                 stride_row, HK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                 TMA: tl.constexpr, MASKED: tl.constexpr):
     """One block of keys from ``start``: the running (m, l, acc) updated, and the next block's
     table entry (paged). Only the last block (MASKED) masks keys past ``seqlen``: where on every
     block, the mask on TMA-copied V took V from shared memory through registers and back
@@ -60,7 +63,7 @@ def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, sc
     else:
         row0 = b * cache_len + start
     n_ok = start + offs_n < seqlen
-    rows = (row0 + offs_n).to(tl.int64) * (HK * D) + hk * D
+    rows = (row0 + offs_n).to(tl.int64) * stride_row + hk * D
     if TMA:
         k = KD.load([row0, hk * D])
     elif MASKED:
@@ -89,16 +92,29 @@ def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, sc
 
 
 @triton.jit
-def _probe_kernel(Q, K, V, KD, VD, TABLE, O, stride_bt, seqlen, cache_len, scale_log2,
+def _probe_kernel(Q, K, V, KD, VD, TABLE, LENS, O, stride_bt, seqlen, cache_len, scale_log2, stride_row,
                   HK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  D: tl.constexpr, PAGE: tl.constexpr, TMA: tl.constexpr):
-    pid = tl.program_id(0)
+                  D: tl.constexpr, PAGE: tl.constexpr, TMA: tl.constexpr, GRID3: tl.constexpr,
+                  RUNTIME_STRIDE: tl.constexpr):
+    # What the shipped kernel does and the probe need not, each on its own switch: the row's
+    # length read from a tensor (LENS given), the programs on the grid's third axis (GRID3), the
+    # cache's row stride a runtime value (RUNTIME_STRIDE; passed divided by 16, as ALIGNED does)
+    if GRID3:
+        pid = tl.program_id(2)
+    else:
+        pid = tl.program_id(0)
+    if RUNTIME_STRIDE:
+        stride_row *= 16
+    else:
+        stride_row = HK * D
     b = pid // HK
     hk = pid % HK
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     row_ok = offs_m < GROUP
     q_rows = (b * HK + hk) * GROUP + offs_m
+    if LENS is not None:
+        seqlen = tl.load(LENS + b)
     q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -109,20 +125,22 @@ def _probe_kernel(Q, K, V, KD, VD, TABLE, O, stride_bt, seqlen, cache_len, scale
     full = seqlen // BLOCK_N * BLOCK_N
     for start in range(0, full, BLOCK_N):
         m_i, l_i, acc, page = _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2,
-                                           start, page, m_i, l_i, acc, HK, BLOCK_N, D, PAGE, TMA, False)
+                                           start, page, m_i, l_i, acc, stride_row, HK, BLOCK_N, D, PAGE, TMA, False)
     if full < seqlen:
         m_i, l_i, acc, page = _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2,
-                                           full, page, m_i, l_i, acc, HK, BLOCK_N, D, PAGE, TMA, True)
+                                           full, page, m_i, l_i, acc, stride_row, HK, BLOCK_N, D, PAGE, TMA, True)
     out = acc / l_i[:, None]
     tl.store(O + q_rows[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
 def probe(q, k2d, v2d, table, seqlen: int, cache_len: int, tile: tuple, tma: bool, *, kv_heads: int = HK,
-          page_size: int = PAGE):
+          page_size: int = PAGE, lens=None, grid3: bool = False, runtime_stride: bool = False):
     """A call of the probe kernel (every row ``seqlen`` keys long): ``q [B, 1, Hq, D]``, ``k2d`` /
     ``v2d`` the cache viewed as ``[rows, kv_heads * D]`` (the pool's pages of ``page_size`` keys, or
     B x ``cache_len`` rows), ``table`` the block table ``[B, pages a row]`` or None (contiguous).
-    Returns the call; the TMA descriptors are built once, outside it. Raises nothing itself."""
+    ``lens`` (int32 ``[B]``, read on the device instead of ``seqlen``), ``grid3`` and
+    ``runtime_stride``: the shipped kernel's ways, one at a time (see the kernel). Returns the
+    call; the TMA descriptors are built once, outside it. Raises nothing itself."""
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -135,10 +153,13 @@ def probe(q, k2d, v2d, table, seqlen: int, cache_len: int, tile: tuple, tma: boo
     stride_bt = table.stride(0) if table is not None else 0
     scale = d ** -0.5 * _LOG2E
 
+    grid = (1, 1, batch * kv_heads) if grid3 else (batch * kv_heads,)
+
     def run():
-        _probe_kernel[(batch * kv_heads,)](q, k2d, v2d, kd, vd, table, out, stride_bt, seqlen, cache_len, scale,
-                                           HK=kv_heads, GROUP=heads // kv_heads, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
-                                           D=d, PAGE=page, TMA=tma, num_warps=warps, num_stages=stages)
+        _probe_kernel[grid](q, k2d, v2d, kd, vd, table, lens, out, stride_bt, seqlen, cache_len, scale,
+                            k2d.stride(0) // 16, HK=kv_heads, GROUP=heads // kv_heads, BLOCK_M=BLOCK_M,
+                            BLOCK_N=block_n, D=d, PAGE=page, TMA=tma, GRID3=grid3, RUNTIME_STRIDE=runtime_stride,
+                            num_warps=warps, num_stages=stages)
         return out
     return run
 
@@ -176,6 +197,14 @@ def main() -> None:
                                                     tuple(tile), tma)
                 runs[f"{how} contiguous {name}"] = probe(q, k.view(-1, HK * D), v.view(-1, HK * D), None, ctx, ctx,
                                                          tuple(tile), tma)
+        # the first tile with the shipped kernel's ways, one at a time and all three
+        first = tuple(tiles[0][:3])
+        for way, opts in SHIPPED_WAYS.items():
+            opts = {**opts, "lens": lens if opts.get("lens") else None}
+            runs[f"ptr paged {'x'.join(map(str, first))} {way}"] = probe(
+                q, kp.view(-1, HK * D), vp.view(-1, HK * D), table, ctx, 0, first, False, **opts)
+            runs[f"ptr contiguous {'x'.join(map(str, first))} {way}"] = probe(
+                q, k.view(-1, HK * D), v.view(-1, HK * D), None, ctx, ctx, first, False, **opts)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         runs["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
         want = runs["shipped contiguous"]().float()
@@ -195,7 +224,9 @@ def main() -> None:
                      max_error="max |out - shipped contiguous|"),
         out_dir=args.out, commit=args.commit,
         notes=["'tma' / 'ptr': the probe kernel (one slice a row, BLOCK_N x warps x stages as named) copying K/V "
-               "by TMA or by pointer loads; 'shipped': flash_attn_with_kvcache as shipped, with every block masked "
+               "by TMA or by pointer loads ('+lens': each row's length read from a tensor; '+grid3': the programs on "
+               "the grid's third axis; '+stride': the cache's row stride a runtime value; the shipped kernel does "
+               "all three); 'shipped': flash_attn_with_kvcache as shipped, with every block masked "
                "(WHOLE_BLOCKS off), or paged with one table entry a block at 4k too (PRELOAD_MAX 0); cuDNN reads "
                "the contiguous cache. "
                f"TB/s of K+V read. {CALLS} calls back to back between two CUDA events (no L2 flush), {ROUNDS} "
