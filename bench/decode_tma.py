@@ -41,20 +41,25 @@ TILES = ((128, 4, 2, True), (64, 4, 3, False))
 ROUNDS, CALLS = 12, 20
 # the shipped kernel's ways the probe can take, each alone and all together (probe()'s options)
 SHIPPED_WAYS = {"+lens": dict(lens=True), "+grid3": dict(grid3=True), "+stride": dict(runtime_stride=True),
-                "+all three": dict(lens=True, grid3=True, runtime_stride=True)}
+                "+pagemask": dict(page_mask=True),
+                "+all four": dict(lens=True, grid3=True, runtime_stride=True, page_mask=True)}
 _LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2, start, page, m_i, l_i, acc,
                  stride_row, HK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                 TMA: tl.constexpr, MASKED: tl.constexpr):
+                 TMA: tl.constexpr, MASKED: tl.constexpr, PAGE_MASK: tl.constexpr):
     """One block of keys from ``start``: the running (m, l, acc) updated, and the next block's
     table entry (paged). Only the last block (MASKED) masks keys past ``seqlen``: where on every
     block, the mask on TMA-copied V took V from shared memory through registers and back
     (sm90 SASS, 813 instructions a step against 587 for the pointer loads)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
+    # the shipped kernel's way: an unallocated page's keys left out, a splat mask a block
+    if PAGE_MASK and not MASKED:
+        valid = tl.zeros([BLOCK_N], dtype=tl.int32) + page >= 0
+        page = tl.maximum(page, 0)
     if PAGE > 0:
         row0 = page * PAGE + start % PAGE
         # the next block's entry a step ahead, so this step's copies wait on no table load
@@ -68,14 +73,23 @@ def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, sc
         k = KD.load([row0, hk * D])
     elif MASKED:
         k = tl.load(K + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    elif PAGE_MASK and not MASKED:
+        k = tl.load(K + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
     else:
         k = tl.load(K + rows[:, None] + offs_d[None, :])
     s = tl.dot(q, tl.trans(k)) * scale_log2
     if MASKED:
         s = tl.where(n_ok[None, :], s, float("-inf"))
+    if PAGE_MASK and not MASKED:
+        s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
+    if PAGE_MASK and not MASKED:  # a row with no key yet keeps m = -inf
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+    else:
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     if TMA:
         v = VD.load([row0, hk * D])
@@ -85,6 +99,8 @@ def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, sc
             v = tl.where(n_ok[:, None], v, 0.0)
     elif MASKED:
         v = tl.load(V + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    elif PAGE_MASK and not MASKED:
+        v = tl.load(V + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
     else:
         v = tl.load(V + rows[:, None] + offs_d[None, :])
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -95,10 +111,12 @@ def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, sc
 def _probe_kernel(Q, K, V, KD, VD, TABLE, LENS, O, stride_bt, seqlen, cache_len, scale_log2, stride_row,
                   HK: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   D: tl.constexpr, PAGE: tl.constexpr, TMA: tl.constexpr, GRID3: tl.constexpr,
-                  RUNTIME_STRIDE: tl.constexpr):
+                  RUNTIME_STRIDE: tl.constexpr, PAGE_MASK: tl.constexpr):
     # What the shipped kernel does and the probe need not, each on its own switch: the row's
     # length read from a tensor (LENS given), the programs on the grid's third axis (GRID3), the
-    # cache's row stride a runtime value (RUNTIME_STRIDE; passed divided by 16, as ALIGNED does)
+    # cache's row stride a runtime value (RUNTIME_STRIDE; passed divided by 16, as ALIGNED does),
+    # an unallocated page's keys left out (PAGE_MASK, paged pointer loads only: a negative table
+    # entry, checked a block)
     if GRID3:
         pid = tl.program_id(2)
     else:
@@ -125,21 +143,24 @@ def _probe_kernel(Q, K, V, KD, VD, TABLE, LENS, O, stride_bt, seqlen, cache_len,
     full = seqlen // BLOCK_N * BLOCK_N
     for start in range(0, full, BLOCK_N):
         m_i, l_i, acc, page = _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2,
-                                           start, page, m_i, l_i, acc, stride_row, HK, BLOCK_N, D, PAGE, TMA, False)
+                                           start, page, m_i, l_i, acc, stride_row, HK, BLOCK_N, D, PAGE, TMA, False,
+                                           PAGE_MASK)
     if full < seqlen:
         m_i, l_i, acc, page = _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2,
-                                           full, page, m_i, l_i, acc, stride_row, HK, BLOCK_N, D, PAGE, TMA, True)
+                                           full, page, m_i, l_i, acc, stride_row, HK, BLOCK_N, D, PAGE, TMA, True,
+                                           PAGE_MASK)
     out = acc / l_i[:, None]
     tl.store(O + q_rows[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
 def probe(q, k2d, v2d, table, seqlen: int, cache_len: int, tile: tuple, tma: bool, *, kv_heads: int = HK,
-          page_size: int = PAGE, lens=None, grid3: bool = False, runtime_stride: bool = False):
+          page_size: int = PAGE, lens=None, grid3: bool = False, runtime_stride: bool = False,
+          page_mask: bool = False):
     """A call of the probe kernel (every row ``seqlen`` keys long): ``q [B, 1, Hq, D]``, ``k2d`` /
     ``v2d`` the cache viewed as ``[rows, kv_heads * D]`` (the pool's pages of ``page_size`` keys, or
     B x ``cache_len`` rows), ``table`` the block table ``[B, pages a row]`` or None (contiguous).
-    ``lens`` (int32 ``[B]``, read on the device instead of ``seqlen``), ``grid3`` and
-    ``runtime_stride``: the shipped kernel's ways, one at a time (see the kernel). Returns the
+    ``lens`` (int32 ``[B]``, read on the device instead of ``seqlen``), ``grid3``,
+    ``runtime_stride`` and ``page_mask``: the shipped kernel's ways, one at a time (see the kernel). Returns the
     call; the TMA descriptors are built once, outside it. Raises nothing itself."""
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -159,7 +180,7 @@ def probe(q, k2d, v2d, table, seqlen: int, cache_len: int, tile: tuple, tma: boo
         _probe_kernel[grid](q, k2d, v2d, kd, vd, table, lens, out, stride_bt, seqlen, cache_len, scale,
                             k2d.stride(0) // 16, HK=kv_heads, GROUP=heads // kv_heads, BLOCK_M=BLOCK_M,
                             BLOCK_N=block_n, D=d, PAGE=page, TMA=tma, GRID3=grid3, RUNTIME_STRIDE=runtime_stride,
-                            num_warps=warps, num_stages=stages)
+                            PAGE_MASK=page_mask and page > 0 and not tma, num_warps=warps, num_stages=stages)
         return out
     return run
 
@@ -225,8 +246,8 @@ def main() -> None:
         out_dir=args.out, commit=args.commit,
         notes=["'tma' / 'ptr': the probe kernel (one slice a row, BLOCK_N x warps x stages as named) copying K/V "
                "by TMA or by pointer loads ('+lens': each row's length read from a tensor; '+grid3': the programs on "
-               "the grid's third axis; '+stride': the cache's row stride a runtime value; the shipped kernel does "
-               "all three); 'shipped': flash_attn_with_kvcache as shipped, with every block masked "
+               "the grid's third axis; '+stride': the cache's row stride a runtime value; '+pagemask': a block of an "
+               "unallocated page left out, a mask a block; the shipped kernel does all four); 'shipped': flash_attn_with_kvcache as shipped, with every block masked "
                "(WHOLE_BLOCKS off), or paged with one table entry a block at 4k too (PRELOAD_MAX 0); cuDNN reads "
                "the contiguous cache. "
                f"TB/s of K+V read. {CALLS} calls back to back between two CUDA events (no L2 flush), {ROUNDS} "

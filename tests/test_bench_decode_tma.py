@@ -61,3 +61,19 @@ def test_probe_equals_attention_over_the_rows_keys(tma, paged, seqlen, way):
     got = call().float()
     assert not got.isnan().any()
     torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+def test_probe_with_the_page_mask_leaves_an_unallocated_pages_keys_out():
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(BATCH, 1, KV_HEADS * GROUP, D, generator=gen, dtype=torch.float16)
+    k = torch.randn(BATCH, CAPACITY, KV_HEADS, D, generator=gen, dtype=torch.float16)
+    v = torch.randn(BATCH, CAPACITY, KV_HEADS, D, generator=gen, dtype=torch.float16)
+    table = torch.arange(BATCH * CAPACITY // PAGE, dtype=torch.int32).view(BATCH, -1).clone()
+    table[1, 1] = -1  # row 1's keys 32-63: never allocated
+    call = decode_tma.probe(q, k.view(-1, KV_HEADS * D), v.view(-1, KV_HEADS * D), table, CAPACITY, CAPACITY,
+                            (32, 4, 2), False, kv_heads=KV_HEADS, page_size=PAGE, page_mask=True)
+    got = call().float()
+    keep = torch.cat([torch.arange(0, PAGE), torch.arange(2 * PAGE, CAPACITY)])
+    want = _reference(q, k, v, [CAPACITY] * BATCH)
+    want[1] = _reference(q[1:], k[1:, keep], v[1:, keep], [len(keep)])[0]
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
