@@ -47,8 +47,6 @@ def compile_split_kernel(decode, mode: tuple) -> str:
                   HAS_LEFTPAD=False, HAS_ALIBI=False, HAS_SOFTCAP=False, HAS_WINDOW_LEFT=False,
                   HAS_WINDOW_RIGHT=False, FINAL=True, STORE_LSE=False, ALIGNED=True, MERGE=False,
                   MERGE_LSE=False, MERGE_CHUNK=1)
-    # newer packages: the head_dim fills the tile, and whole blocks are read without key masks
-    consts.update({name: True for name in ("EVEN_D", "WHOLE_BLOCKS") if name in decode._split_kernel.arg_names})
     absent = {"BATCH_IDX", "LEFTPAD", "ALIBI", "LSE", "COUNTERS", "O_FINAL", "LSE_FINAL"}
     if not page_size:
         absent.add("BLOCK_TABLE")

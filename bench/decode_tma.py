@@ -18,9 +18,9 @@ cache. Writes ``bench/results/decode_tma.md`` and ``.json``::
 
     python bench/decode_tma.py [--tiles 128x4x2,64x4x4]
 
-The shipped calls are timed as shipped (whole blocks without key masks,
-``_triton_decode.WHOLE_BLOCKS``), with every block masked, and, paged, with one table entry a
-block at 4k too (``PRELOAD_MAX`` 0), the probe's way of finding pages.
+The shipped paged call is timed as shipped and with one table entry a block at 4k too
+(``PRELOAD_MAX`` 0), the probe's way of finding pages. The probe also takes the shipped kernel's
+ways one at a time and all together (``SHIPPED_WAYS``), to find what the difference is made of.
 """
 
 from __future__ import annotations
@@ -206,9 +206,6 @@ def main() -> None:
         paged = lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table)  # noqa: E731
         contiguous = lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)  # noqa: E731
         runs = {"shipped paged": paged, "shipped contiguous": contiguous,
-                "shipped paged, every block masked": lambda: harness.with_setting(decode, "WHOLE_BLOCKS", False, paged),
-                "shipped contiguous, every block masked": lambda: harness.with_setting(
-                    decode, "WHOLE_BLOCKS", False, contiguous),
                 "shipped paged, an entry a block": lambda: harness.with_setting(decode, "PRELOAD_MAX", 0, paged)}
         for *tile, with_tma in tiles:
             name = "x".join(map(str, tile))
@@ -247,9 +244,9 @@ def main() -> None:
         notes=["'tma' / 'ptr': the probe kernel (one slice a row, BLOCK_N x warps x stages as named) copying K/V "
                "by TMA or by pointer loads ('+lens': each row's length read from a tensor; '+grid3': the programs on "
                "the grid's third axis; '+stride': the cache's row stride a runtime value; '+pagemask': a block of an "
-               "unallocated page left out, a mask a block; the shipped kernel does all four); 'shipped': flash_attn_with_kvcache as shipped, with every block masked "
-               "(WHOLE_BLOCKS off), or paged with one table entry a block at 4k too (PRELOAD_MAX 0); cuDNN reads "
-               "the contiguous cache. "
+               "unallocated page left out, a mask a block; the shipped kernel does all four); 'shipped': "
+               "flash_attn_with_kvcache as shipped, or paged with one table entry a block at 4k too (PRELOAD_MAX 0); "
+               "cuDNN reads the contiguous cache. "
                f"TB/s of K+V read. {CALLS} calls back to back between two CUDA events (no L2 flush), {ROUNDS} "
                "interleaved rounds; the ratio is the median of the per-round ratios with a 95 % bootstrap "
                "interval."])

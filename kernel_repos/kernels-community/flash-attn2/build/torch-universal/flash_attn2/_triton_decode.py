@@ -111,9 +111,8 @@ def _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, pos, n_ok, stride_kb, stride_k
 @triton.jit
 def _decode_scores(s, rel, n_ok, slope, scale_log2, softcap, window_left, window_right,
                    HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                   HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr, MASK_KEYS: tl.constexpr):
-    """Raw q.k -> masked scores in log2 units; ``rel`` = query position - key position.
-    MASK_KEYS False (and no window): every key is kept, ``n_ok`` is not read."""
+                   HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr):
+    """Raw q.k -> masked scores in log2 units; ``rel`` = query position - key position."""
     if HAS_SOFTCAP:
         # tanh through exp: portable to the interpreter and every Triton version we ship for
         t = s * (scale_log2 / (softcap * 1.4426950408889634))
@@ -122,80 +121,12 @@ def _decode_scores(s, rel, n_ok, slope, scale_log2, softcap, window_left, window
         s = s * scale_log2
     if HAS_ALIBI:
         s = s - (slope[:, None] * tl.abs(rel).to(tl.float32)) * 1.4426950408889634
-    if MASK_KEYS or HAS_WINDOW_RIGHT or HAS_WINDOW_LEFT:
-        keep = n_ok[None, :]
-        if HAS_WINDOW_RIGHT:
-            keep = keep & (rel >= -window_right)
-        if HAS_WINDOW_LEFT:
-            keep = keep & (rel <= window_left)
-        s = tl.where(keep, s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _key_block(q, K, V, BLOCK_TABLE, b, hk, stride_btb, cache_b, pad, start_n, end, pages, first_page, page_cols,
-               stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-               q_idx, shift, d_ok, slope, scale_log2, softcap, window_left, window_right, m_i, l_i, acc,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PRELOAD: tl.constexpr,
-               PAGE_BLOCKS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr, EVEN_D: tl.constexpr,
-               WHOLE: tl.constexpr, MASK_KEYS: tl.constexpr):
-    """The block of keys from ``start_n`` folded into the running ``(m_i, l_i, acc)``; returns them
-    and ``pages`` (with one entry a block loaded a step ahead, the next block's entry).
-
-    WHOLE: every key of the block exists and every row of the tile sees it (the caller checked
-    the length and the windows, and passes no window flag), so no length mask is built.
-    MASK_KEYS: keys may still be left out (always when not WHOLE; a paged cache's keys of an
-    unallocated page, a negative table entry). Without EVEN_D the columns past head_dim stay
-    masked."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    if WHOLE:
-        n_ok = tl.full([BLOCK_N], 1, dtype=tl.int1)  # _kv_rows adds the page's validity where paged
-    else:
-        n_ok = offs_n < end
-    block_pages = pages
-    if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD > 0:
-        # the block's one entry picked out of the preloaded ones (PRELOADED_BLOCKS): no load in
-        # the loop, and one page for the block's keys instead of a gather a key
-        col = (start_n + pad) // PAGE_SIZE - first_page
-        block_pages = tl.sum(tl.where(tl.arange(0, PRELOAD) == col, pages, 0), axis=0)
-    k_row, v_row, n_ok = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
-                                  stride_kb, stride_ks, stride_vb, stride_vs, block_pages, first_page,
-                                  start_n + pad, PAGE_SIZE, PRELOAD, PAGE_BLOCKS, BLOCK_N)
-    if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD == 0:
-        next_col = (start_n + BLOCK_N + pad) // PAGE_SIZE
-        pages = tl.load(BLOCK_TABLE + b * stride_btb + next_col, mask=next_col < page_cols, other=0)
-    k_ptrs = K + hk * stride_kh + k_row[:, None] + offs_d[None, :]
-    v_ptrs = V + hk * stride_vh + v_row[:, None] + offs_d[None, :]
-    if MASK_KEYS and not EVEN_D:
-        k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    elif MASK_KEYS:
-        k = tl.load(k_ptrs, mask=n_ok[:, None], other=0.0)
-    elif not EVEN_D:
-        k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-    s = _decode_scores(tl.dot(q, tl.trans(k)), q_idx[:, None] + shift - offs_n[None, :], n_ok,
-                       slope, scale_log2, softcap, window_left, window_right,
-                       HAS_ALIBI, HAS_SOFTCAP, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, MASK_KEYS)
-
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0, not NaN.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if MASK_KEYS and not EVEN_D:
-        v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    elif MASK_KEYS:
-        v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0)
-    elif not EVEN_D:
-        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-    else:
-        v = tl.load(v_ptrs)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc, pages
+    keep = n_ok[None, :]
+    if HAS_WINDOW_RIGHT:
+        keep = keep & (rel >= -window_right)
+    if HAS_WINDOW_LEFT:
+        keep = keep & (rel <= window_left)
+    return tl.where(keep, s, float("-inf"))
 
 
 @triton.jit(do_not_specialize=_SPLIT_RUNTIME_SCALARS)
@@ -221,7 +152,6 @@ def _split_kernel(
     HAS_WINDOW_LEFT: tl.constexpr, HAS_WINDOW_RIGHT: tl.constexpr,
     FINAL: tl.constexpr, STORE_LSE: tl.constexpr, ALIGNED: tl.constexpr,
     MERGE: tl.constexpr, MERGE_LSE: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-    EVEN_D: tl.constexpr, WHOLE_BLOCKS: tl.constexpr,
 ):
     if ALIGNED:
         # the row strides came divided by 16: multiplying here is how the compiler learns they
@@ -292,37 +222,43 @@ def _split_kernel(
     if PAGE_SIZE > 0 and PRELOAD > 0:
         cols = first_page + tl.arange(0, PRELOAD)
         pages = tl.load(BLOCK_TABLE + b * stride_btb + cols, mask=cols < capacity // PAGE_SIZE, other=0)
-    page_cols = capacity // PAGE_SIZE if PAGE_SIZE > 0 else 0
     if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD == 0:
         # the first block's table entry; each step then loads the next block's, so the K/V copies
         # never wait on a table load of their own step
+        page_cols = capacity // PAGE_SIZE
         pages = tl.load(BLOCK_TABLE + b * stride_btb + first_page, mask=first_page < page_cols, other=0)
-    whole_end = start
-    if WHOLE_BLOCKS:
-        # Whole blocks first, without key masks (WHOLE_BLOCKS); then the rest, masked: the last,
-        # partial block, and any block a window cuts for some row of the tile.
-        seen_by_all = end
-        if HAS_WINDOW_RIGHT:
-            first_q = pid_m * BLOCK_M // GROUP
-            seen_by_all = tl.minimum(seen_by_all, first_q + shift + window_right + 1)
-        if HAS_WINDOW_LEFT:
-            last_q = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, seqlen_q - 1)
-            seen_by_all = tl.where(start >= last_q + shift - window_left, seen_by_all, start)
-        whole_end = start + tl.maximum(seen_by_all - start, 0) // BLOCK_N * BLOCK_N
-        for start_n in range(start, whole_end, BLOCK_N):
-            m_i, l_i, acc, pages = _key_block(
-                q, K, V, BLOCK_TABLE, b, hk, stride_btb, cache_b, pad, start_n, end, pages, first_page, page_cols,
-                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                q_idx, shift, d_ok, slope, scale_log2, softcap, window_left, window_right, m_i, l_i, acc,
-                BLOCK_N, BLOCK_D, PAGE_SIZE, PRELOAD, PAGE_BLOCKS, HAS_ALIBI, HAS_SOFTCAP,
-                False, False, EVEN_D, True, PAGE_SIZE > 0)
-    for start_n in range(whole_end, end, BLOCK_N):
-        m_i, l_i, acc, pages = _key_block(
-            q, K, V, BLOCK_TABLE, b, hk, stride_btb, cache_b, pad, start_n, end, pages, first_page, page_cols,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            q_idx, shift, d_ok, slope, scale_log2, softcap, window_left, window_right, m_i, l_i, acc,
-            BLOCK_N, BLOCK_D, PAGE_SIZE, PRELOAD, PAGE_BLOCKS, HAS_ALIBI, HAS_SOFTCAP,
-            HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT, EVEN_D, False, True)
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        block_pages = pages
+        if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD > 0:
+            # the block's one entry picked out of the preloaded ones (PRELOADED_BLOCKS): no load in
+            # the loop, and one page for the block's keys instead of a gather a key
+            col = (start_n + pad) // PAGE_SIZE - first_page
+            block_pages = tl.sum(tl.where(tl.arange(0, PRELOAD) == col, pages, 0), axis=0)
+        k_row, v_row, n_ok = _kv_rows(BLOCK_TABLE, b, stride_btb, cache_b, offs_n + pad, n_ok,
+                                      stride_kb, stride_ks, stride_vb, stride_vs, block_pages, first_page,
+                                      start_n + pad, PAGE_SIZE, PRELOAD, PAGE_BLOCKS, BLOCK_N)
+        if PAGE_SIZE > 0 and PAGE_BLOCKS and PRELOAD == 0:
+            next_col = (start_n + BLOCK_N + pad) // PAGE_SIZE
+            pages = tl.load(BLOCK_TABLE + b * stride_btb + next_col, mask=next_col < page_cols, other=0)
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + hk * stride_kh + k_row[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = _decode_scores(tl.dot(q, tl.trans(k)), q_idx[:, None] + shift - offs_n[None, :], n_ok,
+                           slope, scale_log2, softcap, window_left, window_right,
+                           HAS_ALIBI, HAS_SOFTCAP, HAS_WINDOW_LEFT, HAS_WINDOW_RIGHT)
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing visible yet keeps m = -inf; subtracting 0 then keeps p = 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + hk * stride_vh + v_row[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
 
     has_keys = l_i > 0.0
     l_safe = tl.where(has_keys, l_i, 1.0)
@@ -525,14 +461,6 @@ def page_lookup(capacity: int, page_size: int, block_n: int, splits: int, leftpa
     preload = preload_pages(capacity, page_size, block_n, splits)
     blocks = page_blocks(page_size, block_n, leftpad, window_left)
     return preload, blocks and (not preload or PRELOADED_BLOCKS)
-
-
-# A slice reads the blocks of keys that every row of its tile sees whole (all but its last,
-# partial block, and any a window cuts for some row) without the key mask, and only the rest
-# masked: a whole block of a dense cache then loads K and V with no predicate and keeps every
-# score (no select a score), a paged one masks only a whole unallocated page. False: every block
-# masked. Read per call, so benchmarks can compare both.
-WHOLE_BLOCKS = True
 
 
 # Several slices per row are merged by the last of them to finish (a per-tile arrival counter)
@@ -871,7 +799,7 @@ def decode_attention(
     launch = _SPLIT
     # Only calls without optional tensors keep their launch (transformers' decode); see _kept_launch
     flags = (device, q.dtype, k_cache.dtype, v_cache.dtype, softcap > 0.0, window_right >= 0, need_lse, merge,
-             MERGE_CHUNK, WHOLE_BLOCKS) if KEEP_LAUNCHES and launches is not None and block_table is None and total_lens is None \
+             MERGE_CHUNK) if KEEP_LAUNCHES and launches is not None and block_table is None and total_lens is None \
         and batch_idx is None and leftpad is None and alibi_slopes is None else None
     kept = launches.get(flags) if flags is not None else None
     if not (kept is not None and kept[0] is launch
@@ -881,7 +809,6 @@ def decode_attention(
             total_lens is not None, batch_idx is not None, leftpad is not None, alibi_slopes is not None,
             softcap > 0.0, window_left >= 0, window_right >= 0, splits == 1, need_lse or splits > 1, aligned, merge,
             merge and need_lse, min(max(MERGE_CHUNK * 16 // block_m, 1), 1 << (splits - 1).bit_length()) if merge else 1,
-            block_d == out_shape[3], WHOLE_BLOCKS,
         )
         launch(grid, args, constexprs, num_warps, num_stages)
         if flags is not None and (kept is None or kept[0] is not launch):
