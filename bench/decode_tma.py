@@ -17,6 +17,13 @@ decode loop runs) in interleaved rounds beside the shipped calls and SDPA cuDNN 
 cache. Writes ``bench/results/decode_tma.md`` and ``.json``::
 
     python bench/decode_tma.py [--tiles 128x4x2,64x4x4]
+    python bench/decode_tma.py --ncu [--context 32768]
+
+``--ncu``: instead of timing, one launch of the shipped call and of the probe (alone and with the
+shipped kernel's ways, paged and contiguous) under Nsight Compute (``--clock-control none``):
+duration, DRAM throughput and bytes read, L2 hit rate, registers, achieved occupancy, issue
+activity, instructions and the largest stall reasons, into ``decode_tma_ncu.md`` / ``.json``.
+Needs ``ncu`` on the PATH.
 
 The shipped paged call is timed as shipped and with one table entry a block at 4k too
 (``PRELOAD_MAX`` 0), the probe's way of finding pages. The probe also takes the shipped kernel's
@@ -185,10 +192,104 @@ def probe(q, k2d, v2d, table, seqlen: int, cache_len: int, tile: tuple, tma: boo
     return run
 
 
+# the --ncu mode's calls, each a (paged, probe ways or None for the shipped call) pair
+NCU_CALLS = {
+    "shipped paged": (True, None), "probe paged": (True, {}), "probe paged +all four": (True, "+all four"),
+    "shipped contiguous": (False, None), "probe contiguous": (False, {}),
+    "probe contiguous +all four": (False, "+all four"),
+}
+# (result key, raw metric names, the first present wins)
+NCU_METRICS = (
+    ("duration_us", ("gpu__time_duration.sum",)),
+    ("dram_pct", ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")),
+    ("dram_read_gb", ("dram__bytes_read.sum",)),
+    ("l2_hit_pct", ("lts__t_sector_hit_rate.pct",)),
+    ("registers", ("launch__registers_per_thread",)),
+    ("occupancy_pct", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
+    ("issue_pct", ("smsp__issue_active.avg.pct_of_peak_sustained_active", "sm__issue_active.avg.pct_of_peak_sustained_elapsed")),
+    ("instructions", ("smsp__inst_executed.sum",)),
+)
+# units the raw page may give -> factor to the result key's unit
+_NCU_SCALES = {"duration_us": {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3},
+               "dram_read_gb": {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0}}
+NCU_SECTIONS = ("MemoryWorkloadAnalysis", "LaunchStats", "Occupancy", "InstructionStats", "ComputeWorkloadAnalysis")
+
+
+def _ncu_call(name: str, ctx: int):
+    """The zero-argument call ``name`` (a key of NCU_CALLS) at ``ctx`` keys, on fresh inputs."""
+    paged, way = NCU_CALLS[name]
+    q, k, v, lens, kp, vp, table = harness.decode_inputs(ctx)
+    tile = TILES[0][:3]
+    if way is None:
+        fa = harness.shipped_kernel()
+        if paged:
+            return lambda: fa.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens, block_table=table)
+        return lambda: fa.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
+    opts = dict(SHIPPED_WAYS[way]) if way else {}
+    if opts.get("lens"):
+        opts["lens"] = lens
+    if paged:
+        return probe(q, kp.view(-1, HK * D), vp.view(-1, HK * D), table, ctx, 0, tile, False, **opts)
+    return probe(q, k.view(-1, HK * D), v.view(-1, HK * D), None, ctx, ctx, tile, False, **opts)
+
+
+def _ncu_rows(ctx: int) -> list[dict]:
+    """One row per NCU_CALLS entry: its second launch under Nsight Compute (the first compiles)."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for i, name in enumerate(NCU_CALLS):
+            report = Path(work) / f"call{i}.ncu-rep"
+            child = [sys.executable, __file__, "--child", name, str(ctx)]
+            _, header, data = harness.ncu_source_page("_split_kernel|_probe_kernel", child, report, NCU_SECTIONS)
+            raw = harness.ncu_raw(report)
+            row = dict(context=ctx, call=name)
+            for key, names in NCU_METRICS:
+                value, unit = next((raw[n] for n in names if n in raw), (None, ""))
+                if value is not None and key in _NCU_SCALES:
+                    value *= _NCU_SCALES[key].get(unit.split("/")[0], float("nan"))
+                row[key] = value
+            stalls = sorted(harness.ncu_stall_shares(header, data).items(), key=lambda kv: -kv[1])[:4]
+            row["top_stalls"] = ", ".join(f"{k} {v:.0%}" for k, v in stalls)
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def main() -> None:
+    import sys
+
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        import torch
+
+        call = _ncu_call(sys.argv[2], int(sys.argv[3]))
+        for _ in range(2):
+            call()
+        torch.cuda.synchronize()
+        return
     parser = harness.arguments(__doc__)
     parser.add_argument("--tiles", help="comma-separated BLOCK_NxWARPSxSTAGES tiles (default: TILES)")
+    parser.add_argument("--ncu", action="store_true", help="profile under Nsight Compute instead of timing")
+    parser.add_argument("--context", type=int, default=32768, help="keys a row for --ncu (default 32768)")
     args = parser.parse_args()
+    if args.ncu:
+        rows = _ncu_rows(args.context)
+        path = harness.write_results(
+            "decode_tma_ncu", rows,
+            title=f"Decode, the shipped call and the probe under Nsight Compute (bf16, batch {BATCH}, GQA {HQ}/{HK}, "
+                  f"head_dim {D}, {args.context} keys, {PAGE}-key pages in random order)",
+            columns=dict(call="call", duration_us="µs", dram_pct="DRAM % of peak", dram_read_gb="DRAM read GB",
+                         l2_hit_pct="L2 hit %", registers="registers", occupancy_pct="warps active %",
+                         issue_pct="issue active %", instructions="instructions", top_stalls="largest stalls"),
+            out_dir=args.out, commit=args.commit,
+            notes=["One launch each (the second of its process) under `ncu --clock-control none`; 'probe': the "
+                   "probe kernel with pointer loads in the shipped one-slice tile, alone or with the shipped "
+                   "kernel's four ways (SHIPPED_WAYS); stalls: shares of the warp-state samples."])
+        print(path.read_text())
+        return
     tiles = tuple(tuple(int(x) for x in t.split("x")) + (True,) for t in args.tiles.split(",")) \
         if args.tiles else TILES
     import importlib

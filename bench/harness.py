@@ -101,6 +101,9 @@ API (everything else here is private):
     samples column). Raises RuntimeError when ncu fails.
 ``ncu_stall_shares(header, rows) -> dict[str, float]``
     Each stall reason's share of a source page's warp samples.
+``ncu_raw(report) -> dict[str, tuple[float, str]]``
+    The numeric metrics of a report's one profiled launch (its raw page), by metric name, each
+    with its unit.
 """
 
 from __future__ import annotations
@@ -796,19 +799,41 @@ def _ncu(*args: str) -> str:
     return done.stdout
 
 
-def ncu_source_page(regex: str, child: list, report: Path) -> tuple:
+def ncu_source_page(regex: str, child: list, report: Path, extra_sections: Sequence[str] = ()) -> tuple:
     """Run ``child`` (a command line) under Nsight Compute and read one launch of the kernel whose
     name matches ``regex``, the second one (the first compiles and warms): ``(duration in ms,
-    header, rows)`` of its source page, one row per SASS instruction. Raises RuntimeError when ncu
-    fails."""
-    _ncu("--clock-control", "none", "-k", f"regex:{regex}", "-s", "1", "-c", "1",
-         "--section", "SpeedOfLight", "--section", "WarpStateStats", "--section", "SourceCounters",
+    header, rows)`` of its source page, one row per SASS instruction. ``extra_sections``: more
+    ncu sections to collect into ``report`` (read them with :func:`ncu_raw`). Raises RuntimeError
+    when ncu fails."""
+    sections = [a for name in ("SpeedOfLight", "WarpStateStats", "SourceCounters", *extra_sections)
+                for a in ("--section", name)]
+    _ncu("--clock-control", "none", "-k", f"regex:{regex}", "-s", "1", "-c", "1", *sections,
          "-f", "-o", str(report.with_suffix("")), *child)
     details = _ncu("-i", str(report), "--page", "details")
     duration = re.search(r"Duration\s+(\w+)\s+([\d.,]+)", details)
     scale = {"ms": 1.0, "us": 1e-3, "usecond": 1e-3, "msecond": 1.0}.get(duration.group(1), float("nan"))
     rows = list(csv.reader(io.StringIO(_ncu("-i", str(report), "--page", "source", "--csv", "--print-source", "sass"))))
     return float(duration.group(2).replace(",", "")) * scale, rows[1], rows[2:]
+
+
+def ncu_raw(report: Path) -> dict[str, tuple[float, str]]:
+    """The numeric metrics of the one launch in the Nsight Compute ``report`` (its raw page), by
+    metric name: ``(value, unit)`` as the page gives them. Raises RuntimeError when ncu fails."""
+    return ncu_raw_page(_ncu("-i", str(report), "--page", "raw", "--csv"))
+
+
+def ncu_raw_page(raw_csv: str) -> dict[str, tuple[float, str]]:
+    """:func:`ncu_raw` of the raw page's text (``ncu --page raw --csv``): its first launch. Raises
+    StopIteration when the text holds no table."""
+    table = list(csv.reader(io.StringIO(raw_csv)))
+    start = next(i for i, r in enumerate(table) if "Kernel Name" in r)
+    out = {}
+    for name, unit, value in zip(table[start], table[start + 1], table[start + 2]):
+        try:
+            out[name] = (float(value.replace(",", "")), unit)
+        except ValueError:
+            pass
+    return out
 
 
 NCU_SAMPLES = "Warp Stall Sampling (All Samples)"

@@ -225,3 +225,14 @@ def test_decode_parts_clock_each_part_of_a_decode_call_and_put_everything_back(h
     assert out is not None and out.shape == (1, 1, 4, 32)
     assert (dec.decode_attention, dec._alloc, dec._SPLIT) == before
     assert direct._launch == c_launch
+
+
+def test_ncu_raw_page_reads_the_first_launch_with_units(harness):
+    """harness.ncu_raw_page on a real raw page (tests/data/ncu_raw_page.csv, cuDNN's kernel first):
+    numbers with thousands separators parsed, each with the unit row's unit, text left out."""
+    page = (Path(__file__).resolve().parent / "data" / "ncu_raw_page.csv").read_text()
+    raw = harness.ncu_raw_page(page)
+    assert raw["gpu__time_duration.sum"] == (577.408, "us")
+    assert raw["launch__registers_per_thread"][0] == 168
+    assert raw["launch__grid_size"][0] == 132
+    assert "Kernel Name" not in raw  # text columns are not metrics
