@@ -21,7 +21,7 @@ cache. Writes ``bench/results/decode_tma.md`` and ``.json``::
 
 ``--ncu``: instead of timing, one launch of the shipped call and of the probe (alone and with the
 shipped kernel's ways, paged and contiguous) under Nsight Compute (``--clock-control none``):
-duration, DRAM throughput and bytes read, L2 hit rate, registers, achieved occupancy, issue
+duration, DRAM throughput, L2 hit rate, registers, achieved occupancy, issue
 activity, instructions and the largest stall reasons, into ``decode_tma_ncu.md`` / ``.json``.
 Needs ``ncu`` on the PATH.
 
@@ -202,7 +202,6 @@ NCU_CALLS = {
 NCU_METRICS = (
     ("duration_us", ("gpu__time_duration.sum",)),
     ("dram_pct", ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")),
-    ("dram_read_gb", ("dram__bytes_read.sum",)),
     ("l2_hit_pct", ("lts__t_sector_hit_rate.pct",)),
     ("registers", ("launch__registers_per_thread",)),
     ("occupancy_pct", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
@@ -210,8 +209,7 @@ NCU_METRICS = (
     ("instructions", ("smsp__inst_executed.sum",)),
 )
 # units the raw page may give -> factor to the result key's unit
-_NCU_SCALES = {"duration_us": {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3},
-               "dram_read_gb": {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0}}
+_NCU_SCALES = {"duration_us": {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}}
 NCU_SECTIONS = ("MemoryWorkloadAnalysis", "LaunchStats", "Occupancy", "InstructionStats", "ComputeWorkloadAnalysis")
 
 
@@ -281,7 +279,7 @@ def main() -> None:
             "decode_tma_ncu", rows,
             title=f"Decode, the shipped call and the probe under Nsight Compute (bf16, batch {BATCH}, GQA {HQ}/{HK}, "
                   f"head_dim {D}, {args.context} keys, {PAGE}-key pages in random order)",
-            columns=dict(call="call", duration_us="µs", dram_pct="DRAM % of peak", dram_read_gb="DRAM read GB",
+            columns=dict(call="call", duration_us="µs", dram_pct="DRAM % of peak",
                          l2_hit_pct="L2 hit %", registers="registers", occupancy_pct="warps active %",
                          issue_pct="issue active %", instructions="instructions", top_stalls="largest stalls"),
             out_dir=args.out, commit=args.commit,
