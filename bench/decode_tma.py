@@ -18,12 +18,17 @@ cache. Writes ``bench/results/decode_tma.md`` and ``.json``::
 
     python bench/decode_tma.py [--tiles 128x4x2,64x4x4]
     python bench/decode_tma.py --ncu [--context 32768]
+    python bench/decode_tma.py --graphs
 
 ``--ncu``: instead of timing, one launch of the shipped call and of the probe (alone and with the
 shipped kernel's ways, paged and contiguous) under Nsight Compute (``--clock-control none``):
 duration, DRAM throughput, L2 hit rate, registers, achieved occupancy, issue
 activity, instructions and the largest stall reasons, into ``decode_tma_ncu.md`` / ``.json``.
 Needs ``ncu`` on the PATH.
+
+``--graphs``: the shipped calls, the probe (alone and with the shipped kernel's ways) and cuDNN,
+each as a CUDA graph of the same back-to-back calls replayed, so no host time spaces the
+launches; into ``decode_tma_graphs.md`` / ``.json``.
 
 The shipped paged call is timed as shipped and with one table entry a block at 4k too
 (``PRELOAD_MAX`` 0), the probe's way of finding pages. The probe also takes the shipped kernel's
@@ -201,11 +206,13 @@ NCU_CALLS = {
 # (result key, raw metric names, the first present wins)
 NCU_METRICS = (
     ("duration_us", ("gpu__time_duration.sum",)),
-    ("dram_pct", ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")),
+    ("dram_pct", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                  "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")),
     ("l2_hit_pct", ("lts__t_sector_hit_rate.pct",)),
     ("registers", ("launch__registers_per_thread",)),
     ("occupancy_pct", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
-    ("issue_pct", ("smsp__issue_active.avg.pct_of_peak_sustained_active", "sm__issue_active.avg.pct_of_peak_sustained_elapsed")),
+    ("issue_pct", ("smsp__issue_active.avg.pct_of_peak_sustained_active",
+                   "sm__issue_active.avg.pct_of_peak_sustained_elapsed")),
     ("instructions", ("smsp__inst_executed.sum",)),
 )
 # units the raw page may give -> factor to the result key's unit
@@ -257,6 +264,21 @@ def _ncu_rows(ctx: int) -> list[dict]:
     return rows
 
 
+def _graphed(call, torch):
+    """``call`` run CALLS times back to back, captured as one CUDA graph: its replay (warmed on a
+    side stream first, as CUDA graph capture asks)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            call()
+    return graph.replay
+
+
 def main() -> None:
     import sys
 
@@ -272,6 +294,7 @@ def main() -> None:
     parser.add_argument("--tiles", help="comma-separated BLOCK_NxWARPSxSTAGES tiles (default: TILES)")
     parser.add_argument("--ncu", action="store_true", help="profile under Nsight Compute instead of timing")
     parser.add_argument("--context", type=int, default=32768, help="keys a row for --ncu (default 32768)")
+    parser.add_argument("--graphs", action="store_true", help="time each call as a replayed CUDA graph of the calls")
     args = parser.parse_args()
     if args.ncu:
         rows = _ncu_rows(args.context)
@@ -326,15 +349,24 @@ def main() -> None:
         runs["cudnn"] = harness.sdpa(SDPBackend.CUDNN_ATTENTION, qt, kt, vt, False)
         want = runs["shipped contiguous"]().float()
         errors = {n: (fn().float() - want).abs().max().item() for n, fn in runs.items() if n != "cudnn"}
-        samples = harness.paired(runs, rounds=ROUNDS, calls=CALLS)
+        if args.graphs:
+            first_name = "x".join(map(str, first))
+            keep = ("shipped paged", "shipped contiguous", f"ptr paged {first_name}", f"ptr contiguous {first_name}",
+                    f"ptr paged {first_name} +all four", f"ptr contiguous {first_name} +all four", "cudnn")
+            graphs = {name: _graphed(runs[name], torch) for name in keep}
+            samples = {n: [x / CALLS for x in t] for n, t in harness.paired(graphs, rounds=ROUNDS, calls=1).items()}
+        else:
+            samples = harness.paired(runs, rounds=ROUNDS, calls=CALLS)
         for name, t in samples.items():
             r = harness.ratio(samples["cudnn"], t)  # time ratio: bandwidth ÷ cuDNN's
             rows.append(dict(context=ctx, call=name, tbps=kv_bytes / statistics.median(t) / 1e6,
                              vs_cudnn=r.median, interval=r.interval, max_error=errors.get(name),
                              rounds_us=[round(x, 2) for x in t]))
             print({k_: v_ for k_, v_ in rows[-1].items() if k_ != "rounds_us"}, flush=True)
+    timed = (f"each call as a CUDA graph of {CALLS} calls back to back, replayed (no host time between launches), "
+             if args.graphs else f"{CALLS} calls back to back between two CUDA events (no L2 flush), ")
     path = harness.write_results(
-        "decode_tma", rows,
+        "decode_tma_graphs" if args.graphs else "decode_tma", rows,
         title=f"Decode with TMA copies of K/V, a probe (bf16, batch {BATCH}, GQA {HQ}/{HK}, head_dim {D}, "
               f"{PAGE}-key pages in random order)",
         columns=dict(context="context", call="call", tbps="TB/s", vs_cudnn="÷ cuDNN", interval="95 % interval",
@@ -346,9 +378,8 @@ def main() -> None:
                "unallocated page left out, a mask a block; the shipped kernel does all four); 'shipped': "
                "flash_attn_with_kvcache as shipped, or paged with one table entry a block at 4k too (PRELOAD_MAX 0); "
                "cuDNN reads the contiguous cache. "
-               f"TB/s of K+V read. {CALLS} calls back to back between two CUDA events (no L2 flush), {ROUNDS} "
-               "interleaved rounds; the ratio is the median of the per-round ratios with a 95 % bootstrap "
-               "interval."])
+               f"TB/s of K+V read. Timed {timed}{ROUNDS} interleaved rounds; the ratio is the median of the "
+               "per-round ratios with a 95 % bootstrap interval."])
     print(path.read_text())
 
 

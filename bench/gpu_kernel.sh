@@ -28,7 +28,8 @@
 # decodetma (not in the default list, about 60 s): bench/decode_tma.py, a probe decode kernel copying K/V by TMA or by
 # pointer loads, paged and contiguous, beside the shipped calls and cuDNN, back to back.
 # decodetmancu (not in the default list; needs Nsight Compute, about 150 s): the same script's --ncu mode, the shipped
-# call and the probe under the profiler at 32k keys.
+# call and the probe under the profiler at 32k keys. decodetmagraphs (not in the default list, about 40 s): its --graphs
+# mode, each call a replayed CUDA graph of back-to-back calls.
 # headpairs (not in the default list, about 120 s): bench/fwd_head_pairs.py, the Triton forward with two or four
 # query heads of a GQA group in one program beside the one-head program and cuDNN (causal, head_dim 64 and 128).
 # schedule (not in the default list, about 150 s): bench/fwd_schedule.py, the persistent Gluon forward with its tiles
@@ -83,6 +84,7 @@ want decodesplit && step 200 python3 bench/e2e_decode_split.py --out "$RES" --co
 want decodehost && step 60 python3 bench/decode_host.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodepages && step 60 python3 bench/decode_pages.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodetma && step 150 python3 bench/decode_tma.py --out "$RES" --commit "${COMMIT:-unknown}"
+want decodetmagraphs && step 150 python3 bench/decode_tma.py --graphs --out "$RES" --commit "${COMMIT:-unknown}"
 want decodetmancu && step 300 python3 bench/decode_tma.py --ncu --out "$RES" --commit "${COMMIT:-unknown}"
 want bwdorder && step 300 python3 bench/bwd_order.py --out "$RES" --commit "${COMMIT:-unknown}"
 want schedule && step 240 python3 bench/fwd_schedule.py --out "$RES" --commit "${COMMIT:-unknown}"
