@@ -26,9 +26,10 @@ duration, DRAM throughput, L2 hit rate, registers, achieved occupancy, issue
 activity, instructions and the largest stall reasons, into ``decode_tma_ncu.md`` / ``.json``.
 Needs ``ncu`` on the PATH.
 
-``--graphs``: the shipped calls, the probe (alone and with the shipped kernel's ways) and cuDNN,
-each as a CUDA graph of the same back-to-back calls replayed, so no host time spaces the
-launches; into ``decode_tma_graphs.md`` / ``.json``.
+``--graphs``: the shipped calls (also in the one-slice tiles of ``ONE_SPLIT_TILES``), the probe
+(alone and with the shipped kernel's ways) and cuDNN, each as a CUDA graph of the same
+back-to-back calls replayed, so no host time spaces the launches; into ``decode_tma_graphs.md`` /
+``.json``.
 
 The shipped paged call is timed as shipped and with one table entry a block at 4k too
 (``PRELOAD_MAX`` 0), the probe's way of finding pages. The probe also takes the shipped kernel's
@@ -51,6 +52,8 @@ BLOCK_M = 16  # the group's 4 query heads padded to the smallest tensor-core til
 # 256 programs run in one wave; 128 keys in 3 stages take 136 KB and would run in two
 TILES = ((128, 4, 2, True), (64, 4, 3, False))
 ROUNDS, CALLS = 12, 20
+# --graphs: the shipped call also in these one-slice tiles (the shipped one is (128, 4, 2))
+ONE_SPLIT_TILES = ((64, 4, 3), (64, 4, 4), (128, 8, 2))
 # the shipped kernel's ways the probe can take, each alone and all together (probe()'s options)
 SHIPPED_WAYS = {"+lens": dict(lens=True), "+grid3": dict(grid3=True), "+stride": dict(runtime_stride=True),
                 "+pagemask": dict(page_mask=True),
@@ -264,6 +267,20 @@ def _ncu_rows(ctx: int) -> list[dict]:
     return rows
 
 
+def _one_split_tile(decode, tile: tuple, call):
+    """``call()`` with the decode module's one-slice tile for head_dim D set to ``tile``
+    (BLOCK_N, warps, stages) instead of ONE_SPLIT_CONFIG_SM90's."""
+    import torch
+
+    key = (D, torch.device("cuda", torch.cuda.current_device()))
+    shipped = decode._SETUP.get(key) or decode._device_setup(D, key[1])
+    decode._SETUP[key] = shipped[:-1] + (tuple(tile),)
+    try:
+        return call()
+    finally:
+        decode._SETUP[key] = shipped
+
+
 def _graphed(call, torch):
     """``call`` run CALLS times back to back, captured as one CUDA graph: its replay (warmed on a
     side stream first, as CUDA graph capture asks)."""
@@ -351,9 +368,15 @@ def main() -> None:
         errors = {n: (fn().float() - want).abs().max().item() for n, fn in runs.items() if n != "cudnn"}
         if args.graphs:
             first_name = "x".join(map(str, first))
-            keep = ("shipped paged", "shipped contiguous", f"ptr paged {first_name}", f"ptr contiguous {first_name}",
-                    f"ptr paged {first_name} +all four", f"ptr contiguous {first_name} +all four", "cudnn")
+            keep = ("shipped paged", "shipped contiguous", "shipped paged, an entry a block", f"ptr paged {first_name}",
+                    f"ptr contiguous {first_name}", f"ptr paged {first_name} +all four",
+                    f"ptr contiguous {first_name} +all four", "cudnn")
             graphs = {name: _graphed(runs[name], torch) for name in keep}
+            for tile in ONE_SPLIT_TILES:  # the shipped call in other one-slice tiles
+                for layout, call in (("paged", paged), ("contiguous", contiguous)):
+                    name = f"shipped {layout}, tile {'x'.join(map(str, tile))}"
+                    errors[name] = (_one_split_tile(decode, tile, call).float() - want).abs().max().item()
+                    graphs[name] = _graphed(lambda call=call, tile=tile: _one_split_tile(decode, tile, call), torch)
             samples = {n: [x / CALLS for x in t] for n, t in harness.paired(graphs, rounds=ROUNDS, calls=1).items()}
         else:
             samples = harness.paired(runs, rounds=ROUNDS, calls=CALLS)
