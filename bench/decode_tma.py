@@ -18,7 +18,7 @@ cache. Writes ``bench/results/decode_tma.md`` and ``.json``::
 
     python bench/decode_tma.py [--tiles 128x4x2,64x4x4]
     python bench/decode_tma.py --ncu [--context 32768]
-    python bench/decode_tma.py --graphs
+    python bench/decode_tma.py --graphs [--baseline OLD_KERNEL_REPO_DIR]
 
 ``--ncu``: instead of timing, one launch of the shipped call and of the probe (alone and with the
 shipped kernel's ways, paged and contiguous) under Nsight Compute (``--clock-control none``):
@@ -307,7 +307,7 @@ def main() -> None:
             call()
         torch.cuda.synchronize()
         return
-    parser = harness.arguments(__doc__)
+    parser = harness.arguments(__doc__, baseline=True)
     parser.add_argument("--tiles", help="comma-separated BLOCK_NxWARPSxSTAGES tiles (default: TILES)")
     parser.add_argument("--ncu", action="store_true", help="profile under Nsight Compute instead of timing")
     parser.add_argument("--context", type=int, default=32768, help="keys a row for --ncu (default 32768)")
@@ -335,7 +335,8 @@ def main() -> None:
     import torch
     from torch.nn.attention import SDPBackend
 
-    fa = harness.shipped_kernel()
+    loaded = harness.kernels(args.baseline)
+    fa = loaded["ours"]
     decode = importlib.import_module(fa.__name__ + "._triton_decode")
     harness.warm_gpu()
     rows = []
@@ -372,6 +373,13 @@ def main() -> None:
                     f"ptr contiguous {first_name}", f"ptr paged {first_name} +all four",
                     f"ptr contiguous {first_name} +all four", "cudnn")
             graphs = {name: _graphed(runs[name], torch) for name in keep}
+            if "baseline" in loaded:  # the same calls through another copy of the kernel repo (--baseline)
+                base = loaded["baseline"]
+                for layout, call in (("paged", lambda: base.flash_attn_with_kvcache(
+                        q, kp, vp, cache_seqlens=lens, block_table=table)),
+                                     ("contiguous", lambda: base.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens))):
+                    errors[f"baseline {layout}"] = (call().float() - want).abs().max().item()
+                    graphs[f"baseline {layout}"] = _graphed(call, torch)
             for tile in ONE_SPLIT_TILES:  # the shipped call in other one-slice tiles
                 for layout, call in (("paged", paged), ("contiguous", contiguous)):
                     name = f"shipped {layout}, tile {'x'.join(map(str, tile))}"

@@ -84,7 +84,7 @@ want decodesplit && step 200 python3 bench/e2e_decode_split.py --out "$RES" --co
 want decodehost && step 60 python3 bench/decode_host.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodepages && step 60 python3 bench/decode_pages.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decodetma && step 150 python3 bench/decode_tma.py --out "$RES" --commit "${COMMIT:-unknown}"
-want decodetmagraphs && step 150 python3 bench/decode_tma.py --graphs --out "$RES" --commit "${COMMIT:-unknown}"
+want decodetmagraphs && step 150 python3 bench/decode_tma.py --graphs --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decodetmancu && step 300 python3 bench/decode_tma.py --ncu --out "$RES" --commit "${COMMIT:-unknown}"
 want bwdorder && step 300 python3 bench/bwd_order.py --out "$RES" --commit "${COMMIT:-unknown}"
 want schedule && step 240 python3 bench/fwd_schedule.py --out "$RES" --commit "${COMMIT:-unknown}"
