@@ -67,7 +67,7 @@ want attention && step 280 python3 bench/attention.py --out "$RES" --commit "${C
 want compiled && step 300 python3 bench/compiled.py --out "$RES" --commit "${COMMIT:-unknown}"
 want varlen && step 150 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:-unknown}"
 want decode && step 60 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
-want decode && step 60 python3 bench/decode_merge.py --out "$RES" --commit "${COMMIT:-unknown}"
+want decode && step 90 python3 bench/decode_merge.py --out "$RES" --commit "${COMMIT:-unknown}"
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
 want compile && step 100 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}" --phases
 want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile --phases

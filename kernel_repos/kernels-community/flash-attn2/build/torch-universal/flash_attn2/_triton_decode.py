@@ -60,18 +60,10 @@ def _key_slice(pid_m, pid_split, seqlen_q, kv_len, shift, window_left, window_ri
     lo = 0
     if HAS_WINDOW_LEFT:
         lo = tl.maximum(lo, first_q + shift - window_left)
-    if NUM_SPLITS == 1:
-        # One slice reads all of them; its start then needs no row length (without a left window
-        # it is 0), so the first block-table load and K/V copies need not wait for the length's
-        # load: one DRAM round trip off each program's start, 0.7 us of a 180 us call at 4k
-        # (bench/NOTES.md, decode rows)
-        start = lo
-        end = hi
-    else:
-        n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0)
-        blocks_per_split = tl.cdiv(n_blocks, NUM_SPLITS)
-        start = lo + pid_split * blocks_per_split * BLOCK_N
-        end = tl.minimum(hi, start + blocks_per_split * BLOCK_N)
+    n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_N), 0)
+    blocks_per_split = tl.cdiv(n_blocks, NUM_SPLITS)
+    start = lo + pid_split * blocks_per_split * BLOCK_N
+    end = tl.minimum(hi, start + blocks_per_split * BLOCK_N)
     return start, end
 
 
