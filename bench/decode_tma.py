@@ -62,18 +62,33 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _probe_rows(PTR, DESC, row0, col, rows, offs_d, keep, TMA: tl.constexpr, MASK: tl.constexpr):
+    """One block of K or V: the TMA box at (row0, col), or the cache rows ``rows`` by pointer
+    loads, those not ``keep`` read as zeros when MASK."""
+    if TMA:
+        block = DESC.load([row0, col])
+    elif MASK:
+        block = tl.load(PTR + rows[:, None] + offs_d[None, :], mask=keep[:, None], other=0.0)
+    else:
+        block = tl.load(PTR + rows[:, None] + offs_d[None, :])
+    return block
+
+
+@triton.jit
 def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2, start, page, m_i, l_i, acc,
                  stride_row, HK: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                  TMA: tl.constexpr, MASKED: tl.constexpr, PAGE_MASK: tl.constexpr):
     """One block of keys from ``start``: the running (m, l, acc) updated, and the next block's
     table entry (paged). Only the last block (MASKED) masks keys past ``seqlen``: where on every
     block, the mask on TMA-copied V took V from shared memory through registers and back
-    (sm90 SASS, 813 instructions a step against 587 for the pointer loads)."""
+    (sm90 SASS, 813 instructions a step against 587 for the pointer loads). PAGE_MASK (whole
+    blocks only, the caller sees to it): the shipped kernel's way, an unallocated page's keys
+    left out by a splat mask a block."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    # the shipped kernel's way: an unallocated page's keys left out, a splat mask a block
-    if PAGE_MASK and not MASKED:
-        valid = tl.zeros([BLOCK_N], dtype=tl.int32) + page >= 0
+    keep = start + offs_n < seqlen
+    if PAGE_MASK:
+        keep = tl.zeros([BLOCK_N], dtype=tl.int32) + page >= 0
         page = tl.maximum(page, 0)
     if PAGE > 0:
         row0 = page * PAGE + start % PAGE
@@ -82,23 +97,13 @@ def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, sc
         page = tl.load(TABLE + b * stride_bt + nxt, mask=start + BLOCK_N < seqlen, other=0)
     else:
         row0 = b * cache_len + start
-    n_ok = start + offs_n < seqlen
     rows = (row0 + offs_n).to(tl.int64) * stride_row + hk * D
-    if TMA:
-        k = KD.load([row0, hk * D])
-    elif MASKED:
-        k = tl.load(K + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    elif PAGE_MASK and not MASKED:
-        k = tl.load(K + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-    else:
-        k = tl.load(K + rows[:, None] + offs_d[None, :])
+    k = _probe_rows(K, KD, row0, hk * D, rows, offs_d, keep, TMA, MASKED or PAGE_MASK)
     s = tl.dot(q, tl.trans(k)) * scale_log2
-    if MASKED:
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-    if PAGE_MASK and not MASKED:
-        s = tl.where(valid[None, :], s, float("-inf"))
+    if MASKED or PAGE_MASK:
+        s = tl.where(keep[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    if PAGE_MASK and not MASKED:  # a row with no key yet keeps m = -inf
+    if PAGE_MASK:  # a row with no key yet keeps m = -inf
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
@@ -106,18 +111,11 @@ def _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, sc
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if TMA:
-        v = VD.load([row0, hk * D])
-        if MASKED:
-            # keys past the row's end lie in the pool too (another row's, or never written):
-            # zeroed, so that a NaN there cannot reach the sum through p = 0
-            v = tl.where(n_ok[:, None], v, 0.0)
-    elif MASKED:
-        v = tl.load(V + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    elif PAGE_MASK and not MASKED:
-        v = tl.load(V + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-    else:
-        v = tl.load(V + rows[:, None] + offs_d[None, :])
+    v = _probe_rows(V, VD, row0, hk * D, rows, offs_d, keep, TMA, MASKED or PAGE_MASK)
+    if TMA and MASKED:
+        # keys past the row's end lie in the pool too (another row's, or never written): zeroed,
+        # so that a NaN there cannot reach the sum through p = 0
+        v = tl.where(keep[:, None], v, 0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc, page
 
@@ -163,7 +161,7 @@ def _probe_kernel(Q, K, V, KD, VD, TABLE, LENS, O, stride_bt, seqlen, cache_len,
     if full < seqlen:
         m_i, l_i, acc, page = _probe_block(q, K, V, KD, VD, TABLE, b, hk, stride_bt, seqlen, cache_len, scale_log2,
                                            full, page, m_i, l_i, acc, stride_row, HK, BLOCK_N, D, PAGE, TMA, True,
-                                           PAGE_MASK)
+                                           False)
     out = acc / l_i[:, None]
     tl.store(O + q_rows[:, None] * D + offs_d[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None])
 

@@ -101,6 +101,8 @@ API (everything else here is private):
     samples column). Raises RuntimeError when ncu fails.
 ``ncu_stall_shares(header, rows) -> dict[str, float]``
     Each stall reason's share of a source page's warp samples.
+``ncu_raw_table(raw_csv) -> (names, units, rows)``
+    A raw page's text (``ncu --page raw --csv``) as metric names, units and a row per launch.
 ``ncu_raw(report) -> dict[str, tuple[float, str]]``
     The numeric metrics of a report's one profiled launch (its raw page), by metric name, each
     with its unit.
@@ -822,13 +824,20 @@ def ncu_raw(report: Path) -> dict[str, tuple[float, str]]:
     return ncu_raw_page(_ncu("-i", str(report), "--page", "raw", "--csv"))
 
 
+def ncu_raw_table(raw_csv: str) -> tuple[list[str], list[str], list[list[str]]]:
+    """The raw page's text (``ncu --page raw --csv``) as ``(metric names, their units, one row of
+    values per profiled launch)``. Raises StopIteration when the text holds no table."""
+    table = list(csv.reader(io.StringIO(raw_csv)))
+    start = next(i for i, r in enumerate(table) if "Kernel Name" in r)
+    return table[start], table[start + 1], table[start + 2:]
+
+
 def ncu_raw_page(raw_csv: str) -> dict[str, tuple[float, str]]:
     """:func:`ncu_raw` of the raw page's text (``ncu --page raw --csv``): its first launch. Raises
     StopIteration when the text holds no table."""
-    table = list(csv.reader(io.StringIO(raw_csv)))
-    start = next(i for i, r in enumerate(table) if "Kernel Name" in r)
+    header, units, launches = ncu_raw_table(raw_csv)
     out = {}
-    for name, unit, value in zip(table[start], table[start + 1], table[start + 2]):
+    for name, unit, value in zip(header, units, launches[0]):
         try:
             out[name] = (float(value.replace(",", "")), unit)
         except ValueError:

@@ -15,9 +15,7 @@ and ``.json``; ``--raw DIR`` keeps each report's raw CSV page::
 
 from __future__ import annotations
 
-import csv
 import importlib
-import io
 import re
 import shutil
 import subprocess
@@ -133,9 +131,7 @@ def _number(text: str) -> float | None:
 
 def _kernel_rows(raw_csv: str) -> list[dict]:
     """One dict per profiled kernel from ``ncu --page raw --csv``: name, METRICS, kept raw metrics."""
-    table = list(csv.reader(io.StringIO(raw_csv)))
-    start = next(i for i, r in enumerate(table) if "Kernel Name" in r)
-    header, units, data = table[start], table[start + 1], table[start + 2:]
+    header, units, data = harness.ncu_raw_table(raw_csv)
     out = []
     for r in data:
         values = dict(zip(header, r))
