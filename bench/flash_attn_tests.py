@@ -334,17 +334,27 @@ RUNNERS = {
 CYCLED = ("d", "seqlens", "seqlen")
 
 
-def all_cases() -> List[tuple]:
+def all_cases(samples: int = 1) -> List[tuple]:
+    """The (family, case) list: ``samples`` pairwise samples of each test, sample s drawn with seed
+    s and its head dims and lengths turned s places against the feature sets, so a head dim
+    meets other features in each; a case that an earlier sample holds is not repeated. Sample 0
+    is the list a run without ``--samples`` takes. Raises nothing."""
     out = []
     for family, factors in FAMILIES.items():
         paired = {n: v for n, v in factors.items() if n not in CYCLED}
         cycled = {n: v for n, v in factors.items() if n in CYCLED}
-        base = pairwise(paired, valid=lambda c, f=family: runs_upstream(f, c)) if paired else [{}]
-        count = max([len(base)] + [len(v) for v in cycled.values()])
-        for i in range(count):
-            case = dict(base[i % len(base)])
-            case.update({n: v[i % len(v)] for n, v in cycled.items()})
-            out.append((family, case))
+        seen = set()
+        for s in range(samples):
+            base = (pairwise(paired, seed=s, valid=lambda c, f=family: runs_upstream(f, c)) if paired
+                    else [{}])
+            count = max([len(base)] + [len(v) for v in cycled.values()])
+            for i in range(count):
+                case = dict(base[i % len(base)])
+                case.update({n: v[(i + s) % len(v)] for n, v in cycled.items()})
+                key = json.dumps(case, sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((family, case))
     return out
 
 
@@ -468,6 +478,8 @@ def main() -> None:
     parser = harness.arguments(__doc__)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--limit", type=int, default=None, help="run only the first N cases (smoke test)")
+    parser.add_argument("--samples", type=int, default=1,
+                        help="pairwise samples drawn per test, each with its own seed (more cases, more coverage)")
     parser.add_argument("--only", default=None, help="comma-separated case indices to run (the indices of the JSON)")
     parser.add_argument("--case", default=None,
                         help="run one case given as JSON, its family under \"family\" (a case of an older "
@@ -479,7 +491,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.blocking:
         os.environ["CUDA_LAUNCH_BLOCKING"] = "1"  # inherited by the spawned workers
-    cases = all_cases()[: args.limit]
+    cases = all_cases(args.samples)[: args.limit]
     jobs = [(i, f, c) for i, (f, c) in enumerate(cases)]
     if args.only:
         wanted = {int(x) for x in args.only.split(",")}
@@ -499,8 +511,9 @@ def main() -> None:
                          skipped=sum(r["passed"] is None and "not run" not in r.get("skipped", "") for r in mine),
                          not_run=sum("not run" in r.get("skipped", "") for r in mine)))
     failures = [r for r in results if r["passed"] is False]
-    notes = [f"{len(results)} cases drawn from flash-attention's parametrization (every head dim and every "
-             "pair of feature values per test); tolerance as flash-attention's: error vs float64 "
+    drawn = "one pairwise sample" if args.samples == 1 else f"{args.samples} pairwise samples (seeds 0-{args.samples - 1})"
+    notes = [f"{len(results)} cases drawn from flash-attention's parametrization, {drawn} per test (each: every "
+             "head dim and every pair of feature values); tolerance as flash-attention's: error vs float64 "
              "within 2x (outputs) / 3x (gradients) the low-precision reference's error + 1e-5.",
              "test_flash_attn_kvcache_paged_block_table_bounds is adapted: flash-attention reads a GPU "
              "cache_seqlens on the host to raise; the shipped kernel raises for host-known lengths and "
