@@ -110,15 +110,8 @@ KERNELS[64].update(gluon_unpin_pk_p1=dict(consumers=2, pin_wait=False, pack_p=Tr
 # head_dim 64: the two consumers with the pinned wait, what non-causal calls ran before they took
 # _gluon_fwd.NON_CAUSAL's three (causal calls still run it: there it is "gluon")
 KERNELS[64].update(gluon_c2=dict(consumers=2, pin_wait=True, pack_p=False))
-# every head dim: a causal consumer's last key block read half wide where its rows see only the
-# first half (_gluon_fwd.HALF_DIAG; the same softmax, its row sums added in another order)
-for _d in HEAD_DIMS:
-    KERNELS[_d].update(gluon_hd=dict(half_diag=True))
 # keyword arguments of variants whose results must equal the shipped kernel's bit for bit
 SAME_BITS = ("strip", "pin_wait", "tree_max", "unroll2", "deferred_store", "pack_p")
-# ... and of variants that compute a different rounding, each launch's result must equal the
-# variant's own first (a race would show as launches that differ)
-SAME_RUNS = ("half_diag", )
 
 # The launches of the "strip" variants carry this num_stages (a Gluon kernel has no software
 # pipeliner, so the value changes nothing else): it keys them apart in Triton's caches and tells
@@ -282,17 +275,16 @@ def check_identical(gf, repeats: int = 20) -> list:
     :data:`SAME_BITS` argument) beside the shipped kernel on the same inputs, ``repeats`` launches
     of each at a timed size: the forward's arithmetic runs in a fixed order, so any output or lse
     that differs from the shipped kernel's in one bit is a race (removed barriers, a wait moved)
-    or a changed result. A :data:`SAME_RUNS` variant is held to its own first launch instead."""
+    or a changed result."""
     rows = []
     for d in HEAD_DIMS:
         for name, kwargs in KERNELS[d].items():
-            own = any(kwargs.get(key) for key in SAME_RUNS)  # against its own first launch
-            if not own and not any(kwargs.get(key) for key in SAME_BITS):
+            if not any(kwargs.get(key) for key in SAME_BITS):
                 continue
             for causal in (False, True):
                 torch.manual_seed(d + causal)
                 q, k, v = (torch.randn(4, 4096, HEADS, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                plain = kwargs if own else {key: value for key, value in kwargs.items() if key not in SAME_BITS}
+                plain = {key: value for key, value in kwargs.items() if key not in SAME_BITS}
                 ref_o, ref_l = forward(gf, q, k, v, softmax_scale=d ** -0.5, causal=causal, **plain)
                 differ = 0
                 for _ in range(repeats):

@@ -41,8 +41,8 @@
 # ncu (not in the default list; needs Nsight Compute, about 150 s): bench/ncu_limits.py, the rows below target
 # beside cuDNN's kernels under the profiler. ncusource (not in the default list either): bench/ncu_source.py,
 # the head_dim 64 forward's stall samples per instruction beside cuDNN's.
-# testswide (not in the default list, about 4 min): flash-attention's tests in six pairwise samples (--samples 6,
-# about 250 cases) instead of the tests step's one (45), into the same flash_attn_tests.md.
+# testswide (not in the default list, about 4 min): flash-attention's tests in 16 pairwise samples (--samples 16,
+# 640 cases) instead of the tests step's one (45), into the same flash_attn_tests.md.
 set -uo pipefail
 OUT=$1
 BASE=${2:-}
@@ -71,7 +71,7 @@ want varlen && step 150 python3 bench/varlen.py --out "$RES" --commit "${COMMIT:
 want decode && step 60 python3 bench/decode.py --out "$RES" --commit "${COMMIT:-unknown}" ${BASE:+--baseline "$BASE"}
 want decode && step 90 python3 bench/decode_merge.py --out "$RES" --commit "${COMMIT:-unknown}"
 want tests && step 100 python3 bench/flash_attn_tests.py --out "$RES" --commit "${COMMIT:-unknown}" --workers 12 --deadline 85
-want testswide && step 300 python3 bench/flash_attn_tests.py --samples 6 --out "$RES" --commit "${COMMIT:-unknown}" --workers 14 --deadline 280
+want testswide && step 300 python3 bench/flash_attn_tests.py --samples 16 --out "$RES" --commit "${COMMIT:-unknown}" --workers 14 --deadline 270
 want compile && step 100 python3 bench/compile_report.py --out "$RES" --commit "${COMMIT:-unknown}" --phases
 want host && step 90 python3 bench/host_overhead.py --out "$RES" --commit "${COMMIT:-unknown}" --profile --phases
 want variants && step 540 python3 bench/gluon_fwd.py --kernels gluon,gluon_c2,gluon_poly1,gluon_ds,gluon_unpin_pk_p1 \

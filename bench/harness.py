@@ -642,7 +642,7 @@ def compile_gluon_forward(gf: ModuleType, head_dim: int, causal: bool, *, tile: 
     # the kernel's per-head-dim choices (a set of head dims each; EXP2_POLY maps a head dim to a
     # count), as the package sets them unless given; packages older than a choice lack it
     for name in ("KV_TOGETHER", "PINGPONG", "THREAD_ARRIVE", "PIN_WAIT", "TREE_MAX", "LAZY_RESCALE", "EXP2_POLY",
-                 "UNROLL2", "DEFERRED_STORE", "PACK_P", "HALF_DIAG"):
+                 "UNROLL2", "DEFERRED_STORE", "PACK_P"):
         if name in fn.arg_names:
             chosen = getattr(gf, name)
             consts[name] = choices.get(name, chosen.get(head_dim, 0) if isinstance(chosen, dict) else head_dim in chosen)

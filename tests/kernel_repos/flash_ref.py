@@ -199,8 +199,8 @@ def _bench_harness():
 # A child script for run_compiling_child: the Gluon forward compiled for sm90 with the installed
 # Triton. argv[2:]: head_dim, causal, varlen, consumers (0/1 flags), then the per-head-dim choices
 # thread_arrive, pin_wait, tree_max ("1", "0" or "shipped"), "sass" for the machine code instead
-# of the PTX, lazy_rescale, exp2_poly (a count or "shipped"), unroll2, deferred_store, pack_p, the
-# walk: "persistent" (packed: the tile list) or "scheduled" (dense: the host's table), and half_diag.
+# of the PTX, lazy_rescale, exp2_poly (a count or "shipped"), unroll2, deferred_store, pack_p, and
+# the walk: "persistent" (packed: the tile list) or "scheduled" (dense: the host's table).
 GLUON_FWD_SM90_CHILD = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -227,7 +227,6 @@ unroll2 = choice(12, gf.UNROLL2)
 deferred_store = choice(13, gf.DEFERRED_STORE)
 pack_p = choice(14, gf.PACK_P)
 walk = sys.argv[15] if len(sys.argv) > 15 else ""
-half_diag = choice(16, gf.HALF_DIAG)
 persistent = not varlen or walk == "persistent"  # packed: the tile-list walk
 listed = (varlen and persistent) or (not varlen and walk == "scheduled")  # dense: the host's table (_schedule)
 
@@ -248,8 +247,7 @@ constants = dict(CAUSAL=causal, STORE_LSE=True, STAGES=stages, QBUF=gf.q_buffers
                  CONSUMER_REGS=regs[0], PRODUCER_REGS=regs[1], VARLEN=varlen, PERSISTENT=persistent,
                  CONSUMERS=consumers, KV_TOGETHER=together, PINGPONG=pingpong, THREAD_ARRIVE=thread_arrive,
                  PIN_WAIT=pin_wait, TREE_MAX=tree_max, LAZY_RESCALE=lazy_rescale,
-                 EXP2_POLY=exp2_poly, UNROLL2=unroll2, DEFERRED_STORE=deferred_store, PACK_P=pack_p,
-                 HALF_DIAG=half_diag)
+                 EXP2_POLY=exp2_poly, UNROLL2=unroll2, DEFERRED_STORE=deferred_store, PACK_P=pack_p)
 if not varlen:  # what only packed calls use is compile-time None in a dense call
     constants.update(cu_seqlens_q=None, cu_seqlens_k=None, o_ptr=None, stride_on=None, stride_oh=None)
 if not listed and "tiles" in names:  # the tile list: persistent packed calls and scheduled dense ones

@@ -316,23 +316,6 @@ def test_packed_calls_can_walk_a_tile_list_persistently(tmp_path):
     assert ".local" not in ptx
 
 
-def test_half_diagonal_blocks_compile_to_half_wide_score_matmuls(tmp_path):
-    # HALF_DIAG: a causal consumer's last 128-key block whose second half it never sees takes
-    # Q·K^T as 64 keys wide (m64n64) and P·V over those 64 keys; off, the head_dim 128 kernel has
-    # no 64-wide matmul at all (its P·V is 128 wide too)
-    gf = _gluon_fwd()
-    assert not gf.HALF_DIAG  # off until timed
-    base = (128, 1, 0, 2, *["shipped"] * 3, "ptx", *["shipped"] * 5, "")
-    off = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "0"), tmp_path / "off")
-    on = run_compiling_child(GLUON_FWD_SM90_CHILD, (*base, "1"), tmp_path / "on")
-    for done in (off, on):
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert ".local" not in done.stdout
-    half = r"wgmma\.mma_async\.sync\.aligned\.m64n64k16"
-    assert not re.search(half, off.stdout)
-    assert len(re.findall(half, on.stdout)) >= 2 * 128 // 16  # Q·K^T over d=128, k16 steps, both consumers
-
-
 def _snake_walk(table: torch.Tensor, heads: int, programs: int) -> list:
     """The (pair, head) tiles each program takes, by the kernel's own arithmetic (its my_n and _tile)."""
     n_live = int(table[0]) * heads

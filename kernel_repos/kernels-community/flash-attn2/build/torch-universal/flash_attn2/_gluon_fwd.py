@@ -213,15 +213,6 @@ PACK_P: frozenset = frozenset()
 # of each diagonal and measured 0.70 / 0.91 / 1.04x. The same arithmetic per row as the shipped
 # kernel, so the same bits (checked there).
 NON_CAUSAL: dict = {64: dict(consumers=3, pin_wait=False, pack_p=True)}
-# head dims whose causal consumers read only the first half of a key block that is their last and
-# whose second half none of their rows sees: S from the first BLOCK_N / 2 keys, P·V from the
-# first half of V (_half_last). Why: with 128-key blocks the first consumer's 64 rows of a
-# 128-row tile end their diagonal halfway into the tile's last block, so three quarters of that
-# block's scores were computed only to be masked; half-width matmuls and softmax there cut the
-# wasted work of the diagonal by half (of the two consumers' work a tile, a quarter of a block:
-# ~3 % at 2k causal tokens, ~1.5 % at 4k by count). The masked keys gave exp2(-inf) = 0 before,
-# so the result is the same up to the order of the row sums. Not timed yet, so no head dim takes it.
-HALF_DIAG: frozenset = frozenset()
 
 
 def call_choices(head_dim: int, causal: bool, varlen: bool) -> dict:
@@ -641,52 +632,6 @@ def _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, ac
 
 
 @gluon.jit
-def _half_last(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i, l_i, row0, diag, seqlen_k,
-               qk_scale, STAGES: gl.constexpr, CAUSAL: gl.constexpr, KV_TOGETHER: gl.constexpr,
-               THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
-               LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr, PACK_P: gl.constexpr):
-    """Key block j (ring position c + j, j >= 1), this consumer's last, of which its rows see only
-    the first half (:data:`HALF_DIAG`): S from the block's first BLOCK_N / 2 keys, P_{j-1} V_{j-1}
-    beside its softmax as in :func:`_step`, then this block's own P·V from the first half of V.
-    Returns (acc, m, l), m and l in the full blocks' layout."""
-    ROWS: gl.constexpr = q.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    HALF: gl.constexpr = BLOCK_N // 2
-    h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
-    full_rows: gl.constexpr = m_i.type.layout
-    r = c + j
-    slot = r % STAGES
-    mbarrier.wait(k_ready.index(slot), (r // STAGES) & 1)
-    s_tok = warpgroup_mma(q, k_smem.index(slot).slice(0, HALF).permute((1, 0)),
-                          gl.zeros([ROWS, HALF], gl.float32, h_layout), use_acc=False, is_async=True)
-    pslot = (r - 1) % STAGES
-    mbarrier.wait(v_ready.index(pslot), ((r - 1) // STAGES) & 1)
-    acc = warpgroup_mma(p, v_smem.index(pslot), acc, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-    if not KV_TOGETHER:
-        _release(k_empty.index(slot), THREAD_ARRIVE)
-    # key offsets of half-block 2j are j * BLOCK_N + arange(HALF): this block's first half
-    pf, alpha, m_new, l_new = _softmax(s, gl.convert_layout(m_i, gl.SliceLayout(1, h_layout)),
-                                       gl.convert_layout(l_i, gl.SliceLayout(1, h_layout)), 2 * j, row0, diag,
-                                       seqlen_k, qk_scale, h_layout, ROWS, HALF, True, CAUSAL, TREE_MAX,
-                                       LAZY_RESCALE, EXP2_POLY)
-    p_half = gl.convert_layout(_to_operand(pf, p.dtype, PACK_P), p.type.layout)
-    if PIN_WAIT:  # the wait after every exponential of the step, as in _step
-        l_new = _after_softmax(l_new)
-        acc, p_half = warpgroup_mma_wait(0, deps=(acc, p_half))
-    else:
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-    _release_v(k_empty, v_empty, pslot, KV_TOGETHER, THREAD_ARRIVE)
-    acc = _rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None], LAZY_RESCALE)
-    mbarrier.wait(v_ready.index(slot), (r // STAGES) & 1)
-    acc = warpgroup_mma(p_half, v_smem.index(slot).slice(0, HALF), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc, ))
-    _release_v(k_empty, v_empty, slot, KV_TOGETHER, THREAD_ARRIVE)
-    return acc, gl.convert_layout(m_new, full_rows), gl.convert_layout(l_new, full_rows)
-
-
-@gluon.jit
 def _hand_back_after_copy(bar):
     """Wait until the copy engine has read this warpgroup's pending output copy, then hand its
     buffer back to the producer (one arrival)."""
@@ -703,7 +648,7 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
               CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr, PINGPONG: gl.constexpr,
               THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr, TREE_MAX: gl.constexpr,
               LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr, UNROLL2: gl.constexpr,
-              DEFERRED_STORE: gl.constexpr, PACK_P: gl.constexpr, HALF_DIAG: gl.constexpr):
+              DEFERRED_STORE: gl.constexpr, PACK_P: gl.constexpr):
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -774,30 +719,15 @@ def _consumer(q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_read
                 acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i,
                                          l_i, row0, diag, sk, qk_scale, s_layout, STAGES, False, CAUSAL, True, KV_TOGETHER,
                                          W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
-        if HALF_DIAG and CAUSAL and not PINGPONG:  # (a half step takes no ping-pong turn)
-            # the last block's second half is past every row's diagonal (and not its first block:
-            # that one's S has no P·V of its own to overlap)
-            half = (my_end >= 2) & (hi - (my_end - 1) * BLOCK_N <= BLOCK_N // 2)
-        else:
-            half = False
-        if half:
-            for j in range(gl.maximum(n_full, 1), my_end - 1):
-                acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i,
-                                         l_i, row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER,
-                                         W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
-            acc, m_i, l_i = _half_last(my_end - 1, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, acc, p, m_i,
-                                       l_i, row0, diag, sk, qk_scale, STAGES, CAUSAL, KV_TOGETHER, THREAD_ARRIVE,
-                                       PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
-        else:
-            for j in range(gl.maximum(n_full, 1), my_end):
-                acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i,
-                                         l_i, row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER,
-                                         W, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
-            last = c + my_end - 1
-            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-            acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            _release_v(k_empty, v_empty, last % STAGES, KV_TOGETHER, THREAD_ARRIVE)
+        for j in range(gl.maximum(n_full, 1), my_end):
+            acc, p, m_i, l_i = _step(j, c, q, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, acc, p, m_i, l_i,
+                                     row0, diag, sk, qk_scale, s_layout, STAGES, True, CAUSAL, True, KV_TOGETHER, W, PINGPONG,
+                                     THREAD_ARRIVE, PIN_WAIT, TREE_MAX, LAZY_RESCALE, EXP2_POLY, PACK_P)
+        last = c + my_end - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(last % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        _release_v(k_empty, v_empty, last % STAGES, KV_TOGETHER, THREAD_ARRIVE)
         # blocks the other warpgroup still needs: wait for each (so arrivals stay in phase
         # order) and hand it back untouched
         for j in range(c + my_end, c + n_end):
@@ -854,8 +784,7 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                     PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, KV_TOGETHER: gl.constexpr,
                     PINGPONG: gl.constexpr, THREAD_ARRIVE: gl.constexpr, PIN_WAIT: gl.constexpr,
                     TREE_MAX: gl.constexpr, LAZY_RESCALE: gl.constexpr, EXP2_POLY: gl.constexpr,
-                    UNROLL2: gl.constexpr, DEFERRED_STORE: gl.constexpr, PACK_P: gl.constexpr,
-                    HALF_DIAG: gl.constexpr):
+                    UNROLL2: gl.constexpr, DEFERRED_STORE: gl.constexpr, PACK_P: gl.constexpr):
     ROWS: gl.constexpr = q_desc.block_type.shape[1]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -932,17 +861,17 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P, HALF_DIAG)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P, HALF_DIAG)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 2, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, False, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P, HALF_DIAG)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              tiles, CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -953,12 +882,12 @@ def _gluon_attn_fwd(q_desc, k_desc, v_desc, o_desc, o_ptr, stride_on, stride_oh,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 0, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P, HALF_DIAG)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turns, o_desc,
                              o_ptr, stride_on, stride_oh, lse_ptr, stride_lb, stride_lh, seqlen_q, seqlen_k, heads, n_m,
                              my_n, cu_seqlens_q, cu_seqlens_k, tiles, qk_scale, 1, CAUSAL, STORE_LSE, STAGES, VARLEN,
                              PERSISTENT, QBUF, CONSUMERS, KV_TOGETHER, PINGPONG, THREAD_ARRIVE, PIN_WAIT, TREE_MAX,
-                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P, HALF_DIAG)),
+                             LAZY_RESCALE, EXP2_POLY, UNROLL2, DEFERRED_STORE, PACK_P)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
                              v_ready, v_empty, seqlen_q, seqlen_k, heads, group, n_m, my_n, cu_seqlens_q, cu_seqlens_k,
                              tiles, CAUSAL, VARLEN, PERSISTENT, STAGES, QBUF, CONSUMERS, KV_TOGETHER)),
@@ -1120,7 +1049,6 @@ def gluon_attention_forward(
     deferred_store: Optional[bool] = None,
     pack_p: Optional[bool] = None,
     schedule: Optional[bool] = None,
-    half_diag: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run the Gluon forward; the caller checked :func:`supports`. Returns ``(out, lse)``.
 
@@ -1131,8 +1059,8 @@ def gluon_attention_forward(
     (2 or 3 consumer warpgroups of 64 rows) :data:`CONSUMERS`, and ``kv_together``, ``pingpong``,
     ``thread_arrive``, ``pin_wait``, ``tree_max`` and ``lazy_rescale`` the head-dim sets of the same
     names in capitals, ``exp2_poly`` (0-4 of every 8 exponentials on the FMA units) :data:`EXP2_POLY`
-    and ``unroll2`` / ``deferred_store`` / ``pack_p`` / ``half_diag`` :data:`UNROLL2` /
-    :data:`DEFERRED_STORE` / :data:`PACK_P` / :data:`HALF_DIAG`, and ``schedule`` (a dense persistent call's tiles read from ``_schedule``'s
+    and ``unroll2`` / ``deferred_store`` / ``pack_p`` :data:`UNROLL2` / :data:`DEFERRED_STORE` /
+    :data:`PACK_P`, and ``schedule`` (a dense persistent call's tiles read from ``_schedule``'s
     table where it deals them better than the formula in the kernel) :data:`SCHEDULE`.
     Raises what Triton raises on compile errors.
     """
@@ -1206,8 +1134,7 @@ def gluon_attention_forward(
                   EXP2_POLY.get(head_dim, 0) if exp2_poly is None else int(exp2_poly),
                   head_dim in UNROLL2 if unroll2 is None else bool(unroll2),
                   head_dim in DEFERRED_STORE if deferred_store is None else bool(deferred_store),
-                  head_dim in PACK_P if pack_p is None else bool(pack_p),
-                  head_dim in HALF_DIAG if half_diag is None else bool(half_diag))
+                  head_dim in PACK_P if pack_p is None else bool(pack_p))
     if WARM_BOTH_DEALS and persistent and not varlen:
         _warm_other_deal(q.device, consumers, tiles is not None, args, constexprs)
     _LAUNCHERS[varlen, consumers, tiles is not None]((*grid, 1), args, constexprs, 4, 1)
