@@ -9,7 +9,6 @@ and ``.json``::
 
 from __future__ import annotations
 
-import statistics
 
 import harness
 
@@ -43,12 +42,9 @@ def main() -> None:
         mismatched = [n for n, fn in runs.items() if n != "cudnn"
                       and not torch.allclose(fn().float(), want, atol=2e-2)]
         samples = harness.paired(runs, rounds=ROUNDS, calls=CALLS)
-        for name, t in samples.items():
-            r = harness.ratio(samples["cudnn"], t)  # time ratio: bandwidth ÷ cuDNN's
-            rows.append(dict(context=ctx, call=name, tbps=kv_bytes / statistics.median(t) / 1e6,
-                             vs_cudnn=r.median, interval=r.interval,
-                             equals_contiguous=name not in mismatched if name != "cudnn" else None,
-                             rounds_us=[round(x, 2) for x in t]))
+        for name in samples:
+            rows.append(dict(context=ctx, call=name, **harness.bandwidth_vs(samples, name, kv_bytes),
+                             equals_contiguous=name not in mismatched if name != "cudnn" else None))
             print(rows[-1], flush=True)
     path = harness.write_results(
         "decode_pages", rows,

@@ -38,7 +38,6 @@ ways one at a time and all together (``SHIPPED_WAYS``), to find what the differe
 
 from __future__ import annotations
 
-import statistics
 
 import harness
 import triton
@@ -386,11 +385,9 @@ def main() -> None:
             samples = {n: [x / CALLS for x in t] for n, t in harness.paired(graphs, rounds=ROUNDS, calls=1).items()}
         else:
             samples = harness.paired(runs, rounds=ROUNDS, calls=CALLS)
-        for name, t in samples.items():
-            r = harness.ratio(samples["cudnn"], t)  # time ratio: bandwidth ÷ cuDNN's
-            rows.append(dict(context=ctx, call=name, tbps=kv_bytes / statistics.median(t) / 1e6,
-                             vs_cudnn=r.median, interval=r.interval, max_error=errors.get(name),
-                             rounds_us=[round(x, 2) for x in t]))
+        for name in samples:
+            rows.append(dict(context=ctx, call=name, **harness.bandwidth_vs(samples, name, kv_bytes),
+                             max_error=errors.get(name)))
             print({k_: v_ for k_, v_ in rows[-1].items() if k_ != "rounds_us"}, flush=True)
     timed = (f"each call as a CUDA graph of {CALLS} calls back to back, replayed (no host time between launches), "
              if args.graphs else f"{CALLS} calls back to back between two CUDA events (no L2 flush), ")

@@ -28,6 +28,9 @@ API (everything else here is private):
     ``a / b`` of two paired sample lists: the median of the per-round ratios, a 95 % bootstrap
     interval of that median (seeded, so reruns on the same samples agree; ``.interval`` writes it
     as ``[low, high]``) and the min/max.
+``bandwidth_vs(samples, name, nbytes, base="cudnn") -> dict``
+    A contender's row fields from :func:`paired` samples: ``tbps``, ``vs_<base>`` (the time ratio,
+    so the bandwidth ratio), its ``interval`` and the rounds in µs.
 ``attention_row(row, contenders, flop, *, rounds=ROUNDS) -> dict``
     Fills ``row`` with each ``name -> (forward, forward_and_backward)`` contender's TFLOP/s
     (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that; a forward of None is
@@ -259,6 +262,16 @@ def ratio(a: Sequence[float], b: Sequence[float], *, resamples: int = 2000) -> R
                      for _ in range(resamples))
     return Ratio(statistics.median(per_round), medians[int(0.025 * resamples)],
                  medians[int(0.975 * resamples) - 1], min(per_round), max(per_round))
+
+
+def bandwidth_vs(samples: Mapping[str, Sequence[float]], name: str, nbytes: float, base: str = "cudnn") -> dict:
+    """One contender's row fields from :func:`paired` samples (µs a call): ``tbps`` (``nbytes`` over
+    its median time, TB/s), ``vs_<base>`` and ``interval`` (``base``'s time over its, per round:
+    the bandwidth ratio) and its ``rounds_us``. Raises ValueError as :func:`ratio` does."""
+    t = samples[name]
+    r = ratio(samples[base], t)
+    return {"tbps": nbytes / statistics.median(t) / 1e6, f"vs_{base}": r.median, "interval": r.interval,
+            "rounds_us": [round(x, 2) for x in t]}
 
 
 BASELINE_COLUMNS = dict(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",

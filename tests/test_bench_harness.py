@@ -55,6 +55,16 @@ def test_ratio_is_the_median_of_per_round_ratios_with_an_interval_around_it(harn
         harness.ratio([1.0], [1.0, 2.0])
 
 
+def test_bandwidth_vs_gives_rate_and_time_ratio_against_the_base(harness):
+    samples = {"cudnn": [10.0, 10.0, 10.0], "ours": [20.0, 20.0, 5.0]}
+    row = harness.bandwidth_vs(samples, "ours", 2e6)
+    assert row["tbps"] == 2e6 / 20.0 / 1e6  # bytes over the median µs
+    assert row["vs_cudnn"] == 0.5  # the median of the per-round time ratios 0.5, 0.5, 2
+    assert row["interval"] == harness.ratio(samples["cudnn"], samples["ours"]).interval
+    assert row["rounds_us"] == [20.0, 20.0, 5.0]
+    assert harness.bandwidth_vs(samples, "cudnn", 2e6)["vs_cudnn"] == 1.0
+
+
 def test_write_results_overwrites_one_md_and_one_json(harness, tmp_path):
     columns = {"name": "contender", "us": "µs", "missing": "n/a"}
     for value in (1.0, 123456.0):
