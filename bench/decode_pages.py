@@ -50,7 +50,7 @@ def main() -> None:
         "decode_pages", rows,
         title=f"Decode over a paged cache: where the pages lie (bf16, batch {BATCH}, GQA {HQ}/{HK}, "
               f"head_dim {D}, {PAGE}-key pages)",
-        columns=dict(context="context", call="call", tbps="TB/s", vs_cudnn="÷ cuDNN", interval="95 % interval",
+        columns=dict(context="context", call="call", **harness.BANDWIDTH_COLUMNS,
                      equals_contiguous="equals contiguous"),
         out_dir=args.out, commit=args.commit,
         notes=["TB/s of K+V read. 'random by N': the pages in random order by runs of N consecutive pages; "

@@ -395,7 +395,7 @@ def main() -> None:
         "decode_tma_graphs" if args.graphs else "decode_tma", rows,
         title=f"Decode with TMA copies of K/V, a probe (bf16, batch {BATCH}, GQA {HQ}/{HK}, head_dim {D}, "
               f"{PAGE}-key pages in random order)",
-        columns=dict(context="context", call="call", tbps="TB/s", vs_cudnn="÷ cuDNN", interval="95 % interval",
+        columns=dict(context="context", call="call", **harness.BANDWIDTH_COLUMNS,
                      max_error="max |out - shipped contiguous|"),
         out_dir=args.out, commit=args.commit,
         notes=["'tma' / 'ptr': the probe kernel (one slice a row, BLOCK_N x warps x stages as named) copying K/V "

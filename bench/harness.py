@@ -30,7 +30,8 @@ API (everything else here is private):
     as ``[low, high]``) and the min/max.
 ``bandwidth_vs(samples, name, nbytes, base="cudnn") -> dict``
     A contender's row fields from :func:`paired` samples: ``tbps``, ``vs_<base>`` (the time ratio,
-    so the bandwidth ratio), its ``interval`` and the rounds in µs.
+    so the bandwidth ratio), its ``interval`` and the rounds in µs; ``BANDWIDTH_COLUMNS`` names
+    their table columns (base cuDNN).
 ``attention_row(row, contenders, flop, *, rounds=ROUNDS) -> dict``
     Fills ``row`` with each ``name -> (forward, forward_and_backward)`` contender's TFLOP/s
     (``<name>_fwd`` for ``flop`` FLOPs, ``<name>_fwdbwd`` for 3.5x that; a forward of None is
@@ -273,6 +274,9 @@ def bandwidth_vs(samples: Mapping[str, Sequence[float]], name: str, nbytes: floa
     return {"tbps": nbytes / statistics.median(t) / 1e6, f"vs_{base}": r.median, "interval": r.interval,
             "rounds_us": [round(x, 2) for x in t]}
 
+
+# the table columns of bandwidth_vs's fields (base cuDNN), for write_results
+BANDWIDTH_COLUMNS = dict(tbps="TB/s", vs_cudnn="÷ cuDNN", interval="95 % interval")
 
 BASELINE_COLUMNS = dict(baseline_fwd="baseline fwd", baseline_fwdbwd="baseline f+b",
                         vs_baseline_fwd="ours/baseline fwd", vs_baseline_fwdbwd="ours/baseline f+b")
